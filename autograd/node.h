@@ -1,0 +1,88 @@
+#pragma once
+// The autograd graph.
+//
+// Every differentiable op that sees an input requiring grad records a Node. The node holds
+// one Edge per differentiable input (to the node that produced that input, or to the
+// AccumulateGrad node of a leaf) and a backward function that maps the gradients of the
+// node's outputs to the gradients of its inputs. Tensors point at their producing node
+// through AutogradMeta (the opaque slot in TensorImpl).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::autograd {
+
+struct Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: this input does not need a gradient
+  uint32_t input_nr = 0;       // which output of `node` the input tensor is
+  bool valid() const { return node != nullptr; }
+};
+
+using TensorList = std::vector<Tensor>;
+
+struct Node : std::enable_shared_from_this<Node> {
+  virtual ~Node() = default;
+  // Gradients w.r.t. the node's inputs (one per next_edges entry; undefined = zero) given the
+  // gradients w.r.t. its outputs (one per output; undefined = zero).
+  virtual TensorList apply(TensorList&& grad_outputs) = 0;
+  virtual std::string name() const = 0;
+  // Drops what backward captured (called after the node ran unless the graph is retained).
+  virtual void release() {}
+
+  std::vector<Edge> next_edges;
+  uint32_t num_outputs = 1;
+  uint64_t sequence_nr = 0;  // creation order; later nodes run first when both are ready
+};
+
+// A node whose backward is a lambda: the usual way to write a differentiable op.
+struct FunctionNode : Node {
+  using BackwardFn = std::function<TensorList(TensorList&&)>;
+  FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  TensorList apply(TensorList&& grads) override { return fn_(std::move(grads)); }
+  std::string name() const override { return name_; }
+  void release() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+};
+
+// Per-tensor autograd state, kept in TensorImpl::autograd.
+struct AutogradMeta : AutogradMetaBase {
+  bool requires_grad = false;
+  Tensor grad;                      // leaves only
+  std::shared_ptr<Node> grad_fn;    // non-leaves: producing node
+  uint32_t output_nr = 0;           // which output of grad_fn
+  std::shared_ptr<Node> grad_accumulator;  // leaves: created lazily, weakly cached
+  std::vector<std::pair<int, std::function<void(const Tensor&)>>> hooks;
+  int next_hook_id = 0;
+};
+
+// AutogradMeta of t, created if absent.
+AutogradMeta& meta(const Tensor& t);
+// AutogradMeta of t, or null.
+AutogradMeta* meta_or_null(const Tensor& t);
+
+// The edge a gradient for t should flow along (grad_fn or the leaf's accumulator), or an
+// invalid edge when t does not require grad.
+Edge gradient_edge(const Tensor& t);
+
+// True when grad mode is on and any input requires grad.
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
+
+// Attaches `node` as the producer of `outputs` (sets their grad_fn / output_nr and
+// requires_grad) and wires its next_edges from `inputs`. Used by every differentiable op:
+//   auto y = kernels::...;
+//   if (any_requires_grad({&x})) record("Relu", {x}, {y}, [x](TensorList&& g) {...});
+void record(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& outputs);
+void record(const char* name, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& outputs, FunctionNode::BackwardFn backward);
+
+}  // namespace tandem::autograd

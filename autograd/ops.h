@@ -1,0 +1,69 @@
+#pragma once
+// Differentiable operations. Each computes its result with kernels/ops.h and, when grad mode
+// is on and an input requires grad, records a Node whose backward captures only what it needs.
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+
+namespace tandem {
+
+// ---- elementwise (broadcasting) ------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor tanh(const Tensor& x);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator*(double s, const Tensor& a);
+
+// ---- reductions ------------------------------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Gradient goes to the first maximum of each reduced slice.
+Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+
+// ---- shape ---------------------------------------------------------------------------
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor flatten(const Tensor& x, int64_t start_dim = 1);  // [N, ...] -> [N, prod(...)]
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
+Tensor index_select(const Tensor& x, const Tensor& index);  // dim 0
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
+// Differentiable copy to another device (gradient flows back to the source device).
+Tensor to_device(const Tensor& x, Device d);
+
+// ---- neural network ops ------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D
+// y = x @ w^T + b, x [N, in], w [out, in], b [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p = {});
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor log_softmax(const Tensor& x);  // over dim 1 of [N, C]
+// Mean cross-entropy of logits [N, C] against int64 targets [N]; fused log-softmax.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+// Training-mode batch norm (updates running stats in place) or eval-mode (uses them).
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps);
+
+}  // namespace tandem

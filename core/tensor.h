@@ -1,0 +1,154 @@
+#pragma once
+// Tensor: a shared Storage plus a view (shape, strides, offset, dtype). Device = storage device.
+//
+// A Tensor is a cheap handle to a shared TensorImpl (copying a Tensor aliases it, like
+// torch.Tensor). Views share storage; contiguous() copies only when needed.
+//
+// Members here never record autograd history: they are the raw view and data operations
+// that kernels and layers are built from. The differentiable operations are the free
+// functions in autograd/ops.h (tandem::add, tandem::matmul, tandem::reshape, ...).
+// The autograd members (requires_grad, grad, backward, ...) are declared here and defined in
+// autograd/, which keeps its per-tensor state in an opaque slot of TensorImpl.
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/storage.h"
+
+namespace tandem {
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);  // "[256,1,28,28]"
+int64_t shape_numel(const Shape& s);
+Strides contiguous_strides(const Shape& s);
+
+// Opaque per-tensor slot for autograd (defined in autograd/).
+struct AutogradMetaBase {
+  virtual ~AutogradMetaBase() = default;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Strides strides;  // in elements
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::Float32;
+  std::shared_ptr<AutogradMetaBase> autograd;
+};
+
+class Generator;
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined tensor
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+  // A new uninitialized contiguous tensor.
+  Tensor(const Shape& shape, DType dtype, Device device);
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }  // identity, not values
+
+  // ---- metadata ------------------------------------------------------------
+  const Shape& shape() const;
+  const Strides& strides() const;
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return shape_numel(shape()); }
+  int64_t offset() const;
+  DType dtype() const;
+  Device device() const;
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const;
+  std::string str() const;  // "Tensor[2,3] float32 cuda:0"
+
+  // ---- raw data access (no sync: the caller knows the data is ready) -----------
+  void* raw_data() const;  // pointer to element 0 of the view
+  template <typename T>
+  T* data() const {
+    TANDEM_CHECK(dtype_of<T>::value == dtype(), DType, "data<", dtype_name(dtype_of<T>::value),
+                 ">() on a ", dtype_name(dtype()), " tensor");
+    return static_cast<T*>(raw_data());
+  }
+
+  // ---- raw views (share storage; never record autograd) -----------------------
+  Tensor view(const Shape& shape) const;  // requires contiguity; one dim may be -1
+  Tensor reshape(const Shape& shape) const;  // view when possible, else copy
+  Tensor flatten(int64_t start_dim = 0) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end) const;  // [start, end) along dim
+  Tensor select(int64_t dim, int64_t index) const;  // removes dim
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor expand(const Shape& shape) const;  // broadcast view (stride 0)
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;
+
+  // ---- copies (stream-ordered; never sync the host except into CPU memory from CUDA) ----
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(Device device) const;  // same tensor when already there
+  Tensor to(DType dtype) const;
+  Tensor to(Device device, DType dtype) const;
+  // Copies src into this (same shape; any devices and strides; converts dtype).
+  void copy_(const Tensor& src) const;
+  void fill_(double value) const;
+  void zero_() const { fill_(0.0); }
+
+  // ---- explicit host reads: these synchronize ---------------------------------------
+  double item() const;  // one-element tensor
+  template <typename T>
+  std::vector<T> to_vector() const;  // contiguous copy in row-major order, any device
+
+  // ---- autograd (defined in autograd/) -----------------------------------------------
+  bool requires_grad() const;
+  // Marks a leaf as needing a gradient. Throws on a non-floating tensor.
+  Tensor& set_requires_grad(bool value = true);
+  Tensor grad() const;  // undefined until backward writes it
+  void set_grad(const Tensor& g) const;
+  bool is_leaf() const;
+  // Runs the backward pass from this tensor. For a non-scalar, pass grad_output.
+  void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
+  Tensor detach() const;  // shares storage, no history
+  // Calls hook(grad) when this leaf's gradient is final in a backward pass
+  // (after accumulation into .grad). Returns an id for remove_hook.
+  int register_grad_hook(std::function<void(const Tensor&)> hook) const;
+  void remove_grad_hook(int id) const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// ---- factories ------------------------------------------------------------------------
+Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
+Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
+Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
+Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = kCPU);
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+// [start, end) with step, int64 by default.
+Tensor arange(int64_t start, int64_t end, int64_t step = 1, DType dtype = kInt64, Device device = kCPU);
+// Uniform in [lo, hi) / normal(mean, std) from the device's default generator (or `gen`).
+Tensor rand(const Shape& shape, DType dtype = kFloat32, Device device = kCPU, Generator* gen = nullptr);
+Tensor randn(const Shape& shape, DType dtype = kFloat32, Device device = kCPU, Generator* gen = nullptr);
+Tensor uniform(const Shape& shape, double lo, double hi, DType dtype = kFloat32, Device device = kCPU,
+               Generator* gen = nullptr);
+Tensor normal(const Shape& shape, double mean, double stddev, DType dtype = kFloat32,
+              Device device = kCPU, Generator* gen = nullptr);
+// A tensor holding a copy of host values (row-major), placed on `device`.
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = kCPU);
+// Wraps existing host memory without copying; `owner` keeps it alive.
+Tensor from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
+
+}  // namespace tandem

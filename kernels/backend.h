@@ -1,0 +1,159 @@
+#pragma once
+// The kernel interface: one abstract Backend, implemented once for the CPU
+// (kernels/cpu/, the reference) and once for CUDA (kernels/cuda/).
+//
+// Backends do no allocation and no shape inference: kernels/ops.cpp checks every argument,
+// allocates outputs on the right device and then calls backend_for(device).op(...). A backend
+// may assume what is documented for each method (shapes already compatible, same device, same
+// dtype, contiguity where stated). CUDA methods enqueue on current_stream(device) and never
+// synchronize the host.
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tandem {
+
+enum class UnaryOp : uint8_t { Neg, Exp, Log, Sigmoid, Relu, Tanh, Sqrt, Abs, Square, Reciprocal };
+
+// Binary ops; the *Backward ones fuse an activation's backward:
+//   ReluBackward(g, x) = g * (x > 0)
+//   SigmoidBackward(g, y) = g * y * (1 - y)      (y = sigmoid output)
+//   TanhBackward(g, y) = g * (1 - y * y)         (y = tanh output)
+// Eq yields 1 or 0 in the output dtype (same as the inputs).
+enum class BinaryOp : uint8_t {
+  Add, Sub, Mul, Div, Max, Min, Eq, ReluBackward, SigmoidBackward, TanhBackward
+};
+
+// x op s, and RSub = s - x, RDiv = s / x, Pow = x^s.
+enum class ScalarOp : uint8_t { Add, Mul, RSub, RDiv, Pow };
+
+enum class ReduceOp : uint8_t { Sum, Mean, Max };
+
+enum class PoolMode : uint8_t { Max, Avg };
+
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+};
+
+struct Pool2dParams {
+  int64_t kernel_h = 2, kernel_w = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+  // Avg pooling divides by the full window (padding counts as zeros), as in PyTorch's
+  // default count_include_pad=True and cuDNN's CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING.
+};
+
+struct SgdParams {
+  double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first_step = true;  // momentum buffer is initialised to the gradient on the first step
+};
+
+struct AdamParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  int64_t step = 1;  // 1-based, for bias correction
+  bool decoupled_weight_decay = false;  // AdamW when true
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // out[...] = value. out: any strides.
+  virtual void fill(const Tensor& out, double value) = 0;
+  // dst = src, same device and shape, any strides, converting dtype.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // Raw bytes between devices or within one (contiguous, nbytes). Stream-ordered; a copy
+  // into CPU memory from CUDA synchronizes that stream before returning.
+  virtual void memcpy(void* dst, Device dst_device, const void* src, Device src_device,
+                      size_t nbytes) = 0;
+
+  // out = op(x). x and out: same shape and dtype, any strides (out may alias x).
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out) = 0;
+  // out = op(a, b). a and b are already broadcast to out's shape (zero strides allowed);
+  // same dtype. out may alias a or b when their strides match out's.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = op(x, s).
+  virtual void scalar(ScalarOp op, const Tensor& x, double s, const Tensor& out) = 0;
+  // out = alpha * x + beta * out (in place accumulate; same shape, any strides).
+  virtual void axpby(double alpha, const Tensor& x, double beta, const Tensor& out) = 0;
+
+  // x: [R, C] contiguous; out: [R] contiguous; reduces each row.
+  virtual void reduce_rows(ReduceOp op, const Tensor& x, const Tensor& out) = 0;
+  // x: [R, C] contiguous floating; out: [R] int64.
+  virtual void argmax_rows(const Tensor& x, const Tensor& out) = 0;
+
+  // c = alpha * op(a) @ op(b) + beta * c. a, b, c 2-D contiguous, floating, same dtype.
+  // op(a) is [M, K], op(b) is [K, N], c is [M, N].
+  virtual void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
+                    double beta, const Tensor& c) = 0;
+
+  // x [N, C, H, W], w [K, C, R, S], bias [K] or undefined, y [N, K, P, Q]; all contiguous.
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                              const Conv2dParams& p, const Tensor& y) = 0;
+  // dx [N, C, H, W] = conv-transpose of dy [N, K, P, Q] with w (overwrites dx).
+  virtual void conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
+                                     const Tensor& dx) = 0;
+  // dw [K, C, R, S] = correlation of x with dy (overwrites dw); db [K] (if defined) = sum of dy.
+  virtual void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
+                                      const Tensor& dw, const Tensor& db) = 0;
+
+  // x [N, C, H, W] -> y [N, C, P, Q]; contiguous.
+  virtual void pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,
+                              const Tensor& y) = 0;
+  // dx (overwritten) from dy; max pooling routes each dy to the first maximum of its window in x.
+  virtual void pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
+                               const Pool2dParams& p, const Tensor& dx) = 0;
+
+  // x [N, C] contiguous -> y [N, C] = log_softmax over C.
+  virtual void log_softmax(const Tensor& x, const Tensor& y) = 0;
+  // dx = dy - exp(y) * sum(dy) per row (y = log_softmax output).
+  virtual void log_softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) = 0;
+  // Fused cross-entropy with mean reduction. logits [N, C], target int64 [N] in [0, C).
+  // log_probs [N, C] (output, saved for backward), loss [] (output) = -mean(log_probs[i, t_i]).
+  // Out-of-range targets: the CPU throws ValueError; CUDA traps the kernel.
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& target,
+                                     const Tensor& log_probs, const Tensor& loss) = 0;
+  // dlogits = (softmax - onehot(target)) * dloss / N, dloss a one-element tensor (no host read).
+  virtual void cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
+                                      const Tensor& dloss, const Tensor& dlogits) = 0;
+  // correct[0] += number of rows i with argmax(logits[i]) == target[i]. correct: int64 [1].
+  virtual void count_correct(const Tensor& logits, const Tensor& target, const Tensor& correct) = 0;
+
+  // out[i, ...] = x[index[i], ...]. x contiguous, index int64 [M] contiguous, out [M, ...].
+  // Out-of-range indices: the CPU throws ValueError; CUDA traps.
+  virtual void index_select(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
+  // out[index[i], ...] += src[i, ...] (backward of index_select; out zeroed by the caller).
+  virtual void index_add(const Tensor& src, const Tensor& index, const Tensor& out) = 0;
+
+  // Batch normalization per channel over all other dims. x [N, C, H, W] or [N, C],
+  // contiguous; gamma, beta, running_*, save_* are [C]. Training normalizes with the batch
+  // mean and biased variance, writes save_mean and save_invstd = 1/sqrt(var + eps) for
+  // backward, and updates running_mean/var in place with the unbiased variance:
+  // running = (1 - momentum) * running + momentum * batch.
+  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& running_mean, const Tensor& running_var,
+                                        double momentum, double eps, const Tensor& y,
+                                        const Tensor& save_mean, const Tensor& save_invstd) = 0;
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       double eps, const Tensor& y) = 0;
+  // dx, dgamma, dbeta are overwritten.
+  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
+
+  // In-place optimizer updates on contiguous tensors of one dtype.
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                        const SgdParams& p) = 0;
+  virtual void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                         const Tensor& v, const AdamParams& p) = 0;
+};
+
+Backend& cpu_backend();
+// Throws DeviceError when tandem was built without CUDA.
+Backend& cuda_backend();
+Backend& backend_for(Device d);
+
+}  // namespace tandem

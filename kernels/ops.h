@@ -1,0 +1,89 @@
+#pragma once
+// Checked, allocating, non-differentiable operations: the single dispatch point between a
+// Tensor and a Backend. Each function validates shapes, dtypes and devices (throwing an error
+// that names them), allocates its outputs on the inputs' device, and calls
+// backend_for(device). Autograd (autograd/ops.h) is built on these; so are optimizers and
+// data loading, which must not record history.
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace tandem::kernels {
+
+// Broadcast two shapes (numpy rules); throws ShapeError naming both.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
+// Checks that all tensors are defined and on the same device; `op` names the caller.
+void check_same_device(const char* op, std::initializer_list<const Tensor*> ts);
+void check_same_dtype(const char* op, std::initializer_list<const Tensor*> ts);
+
+Tensor unary(UnaryOp op, const Tensor& x);
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
+void binary_(BinaryOp op, const Tensor& a, const Tensor& b);  // a = op(a, b), b broadcast to a
+Tensor scalar(ScalarOp op, const Tensor& x, double s);
+// out = alpha * x + beta * out, in place (same shape).
+void axpby_(double alpha, const Tensor& x, double beta, const Tensor& out);
+
+// Reductions over `dims` (empty = all dims). Negative dims count from the end.
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+inline Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Sum, x, dims, keepdim);
+}
+inline Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Mean, x, dims, keepdim);
+}
+inline Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::Max, x, dims, keepdim);
+}
+// Sums x down to `shape` (the inverse of broadcasting `shape` up to x.shape()).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+// Index of the maximum along dim (int64, dim removed).
+Tensor argmax(const Tensor& x, int64_t dim);
+
+// 2-D matrix product: op(a) @ op(b).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
+                             const Shape& x_shape);
+// Returns {dw, db}; db undefined when with_bias is false.
+std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
+                                                 const Conv2dParams& p, const Shape& w_shape,
+                                                 bool with_bias);
+
+Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p);
+Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       const Pool2dParams& p);
+
+Tensor log_softmax(const Tensor& x);  // over the last dim of a 2-D tensor
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);
+// Returns {loss [] , log_probs [N, C]}.
+std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target);
+Tensor cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss);
+// correct (int64 [1]) += rows whose argmax equals the target. No host sync.
+void count_correct(const Tensor& logits, const Tensor& target, const Tensor& correct);
+
+Tensor index_select(const Tensor& x, const Tensor& index);  // along dim 0
+// Zeros of shape `shape` with rows index[i] += src[i].
+Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape);
+
+struct BatchNormResult {
+  Tensor y, save_mean, save_invstd;
+};
+BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 double momentum, double eps);
+Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, double eps);
+struct BatchNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd);
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+              const SgdParams& p);
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+               const AdamParams& p);
+
+}  // namespace tandem::kernels

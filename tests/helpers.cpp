@@ -1,0 +1,24 @@
+#include "helpers.h"
+
+#include <algorithm>
+
+#include "core/device.h"
+
+namespace tandem::test {
+
+bool have_cuda() { return cuda_device_count() > 0; }
+
+std::vector<double> values(const Tensor& t) { return t.to(kCPU, kFloat64).contiguous().to_vector<double>(); }
+
+double rel_error(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto va = values(a), vb = values(b);
+  double num = 0, den = 1;
+  for (size_t i = 0; i < va.size(); ++i) {
+    num = std::max(num, std::abs(va[i] - vb[i]));
+    den = std::max(den, std::abs(vb[i]));
+  }
+  return num / den;
+}
+
+}  // namespace tandem::test
