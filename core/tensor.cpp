@@ -1,0 +1,227 @@
+// Tensor metadata and raw views. Copies and factories that need a kernel live in
+// kernels/tensor_data.cpp (core does not depend on kernels).
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace tandem {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Strides contiguous_strides(const Shape& s) {
+  Strides st(s.size());
+  int64_t acc = 1;
+  for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+namespace {
+
+const TensorImpl& checked(const std::shared_ptr<TensorImpl>& impl) {
+  TANDEM_CHECK(impl != nullptr, Value, "operation on an undefined tensor");
+  return *impl;
+}
+
+int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
+  int64_t w = d < 0 ? d + ndim : d;
+  TANDEM_CHECK(w >= 0 && w < ndim, Shape, op, ": dim ", d, " out of range for a ", ndim, "-d tensor");
+  return w;
+}
+
+// A view sharing t's storage with new geometry.
+Tensor make_view(const Tensor& t, Shape shape, Strides strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
+// Resolves one -1 entry and checks the element count.
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape& from) {
+  Shape out = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      TANDEM_CHECK(infer < 0, Shape, op, ": only one dimension can be -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      TANDEM_CHECK(out[i] >= 0, Shape, op, ": negative dimension in ", shape_str(shape));
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    TANDEM_CHECK(known > 0 && numel % known == 0, Shape, op, ": cannot view ", shape_str(from),
+                 " as ", shape_str(shape));
+    out[infer] = numel / known;
+  }
+  TANDEM_CHECK(shape_numel(out) == numel, Shape, op, ": cannot view ", shape_str(from), " (",
+               numel, " elements) as ", shape_str(shape));
+  return out;
+}
+
+}  // namespace
+
+Tensor::Tensor(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) TANDEM_CHECK(d >= 0, Shape, "negative dimension in shape ", shape_str(shape));
+  impl_ = std::make_shared<TensorImpl>();
+  impl_->storage = std::make_shared<Storage>(device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl_->shape = shape;
+  impl_->strides = contiguous_strides(shape);
+  impl_->dtype = dtype;
+}
+
+const Shape& Tensor::shape() const { return checked(impl_).shape; }
+const Strides& Tensor::strides() const { return checked(impl_).strides; }
+int64_t Tensor::offset() const { return checked(impl_).offset; }
+DType Tensor::dtype() const { return checked(impl_).dtype; }
+Device Tensor::device() const { return checked(impl_).storage->device(); }
+const std::shared_ptr<Storage>& Tensor::storage() const { return checked(impl_).storage; }
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  const auto& sh = shape();
+  const auto& st = strides();
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (sh[i] == 1) continue;  // the stride of a size-1 dim does not matter
+    if (st[i] != expected) return false;
+    expected *= sh[i];
+  }
+  return true;
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+void* Tensor::raw_data() const {
+  const auto& impl = checked(impl_);
+  return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype));
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  TANDEM_CHECK(is_contiguous(), Shape, "view: tensor ", shape_str(this->shape()),
+               " is not contiguous; use reshape()");
+  Shape s = infer_shape(shape, numel(), "view", this->shape());
+  return make_view(*this, s, contiguous_strides(s), offset());
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (is_contiguous()) return view(shape);
+  return contiguous().view(shape);
+}
+
+Tensor Tensor::flatten(int64_t start_dim) const {
+  int64_t s = dim() == 0 ? 0 : wrap_dim(start_dim, dim(), "flatten");
+  Shape out(shape().begin(), shape().begin() + s);
+  out.push_back(-1);
+  if (numel() == 0) out.back() = 0;
+  return reshape(out);
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const {
+  d = wrap_dim(d, dim(), "slice");
+  int64_t n = shape()[d];
+  TANDEM_CHECK(0 <= start && start <= end && end <= n, Shape, "slice: [", start, ", ", end,
+               ") out of range for dim ", d, " of size ", n, " in ", shape_str(shape()));
+  Shape sh = shape();
+  sh[d] = end - start;
+  return make_view(*this, sh, strides(), offset() + start * strides()[d]);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  d = wrap_dim(d, dim(), "select");
+  int64_t n = shape()[d];
+  TANDEM_CHECK(index >= -n && index < n, Shape, "select: index ", index, " out of range for dim ",
+               d, " of size ", n);
+  if (index < 0) index += n;
+  Shape sh = shape();
+  Strides st = strides();
+  int64_t off = offset() + index * st[d];
+  sh.erase(sh.begin() + d);
+  st.erase(st.begin() + d);
+  return make_view(*this, sh, st, off);
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  d0 = wrap_dim(d0, dim(), "transpose");
+  d1 = wrap_dim(d1, dim(), "transpose");
+  Shape sh = shape();
+  Strides st = strides();
+  std::swap(sh[d0], sh[d1]);
+  std::swap(st[d0], st[d1]);
+  return make_view(*this, sh, st, offset());
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  TANDEM_CHECK(static_cast<int64_t>(dims.size()) == dim(), Shape, "permute: ", dims.size(),
+               " dims given for a ", dim(), "-d tensor");
+  Shape sh(dims.size());
+  Strides st(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int64_t d = wrap_dim(dims[i], dim(), "permute");
+    TANDEM_CHECK(!seen[d], Shape, "permute: dim ", d, " repeated");
+    seen[d] = true;
+    sh[i] = shape()[d];
+    st[i] = strides()[d];
+  }
+  return make_view(*this, sh, st, offset());
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+  TANDEM_CHECK(static_cast<int64_t>(target.size()) >= dim(), Shape, "expand: cannot expand ",
+               shape_str(shape()), " to ", shape_str(target));
+  size_t lead = target.size() - shape().size();
+  Shape sh = target;
+  Strides st(target.size(), 0);
+  for (size_t i = 0; i < shape().size(); ++i) {
+    int64_t have = shape()[i], want = target[lead + i];
+    if (have == want) {
+      st[lead + i] = strides()[i];
+    } else {
+      TANDEM_CHECK(have == 1, Shape, "expand: cannot expand ", shape_str(shape()), " to ",
+                   shape_str(target));
+    }
+  }
+  return make_view(*this, sh, st, offset());
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  int64_t nd = dim() + 1;
+  d = wrap_dim(d, nd, "unsqueeze");
+  Shape sh = shape();
+  Strides st = strides();
+  int64_t inner = d < dim() ? st[d] * sh[d] : 1;
+  sh.insert(sh.begin() + d, 1);
+  st.insert(st.begin() + d, inner);
+  return make_view(*this, sh, st, offset());
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  d = wrap_dim(d, dim(), "squeeze");
+  TANDEM_CHECK(shape()[d] == 1, Shape, "squeeze: dim ", d, " of ", shape_str(shape()), " is not 1");
+  return select(d, 0);
+}
+
+}  // namespace tandem
