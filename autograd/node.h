@@ -27,7 +27,9 @@ struct Edge {
 using TensorList = std::vector<Tensor>;
 
 struct Node : std::enable_shared_from_this<Node> {
-  virtual ~Node() = default;
+  // Hands next_edges to an iterative deleter: dropping a 100k-node chain must not recurse
+  // 100k destructors deep (Note [iterative graph destruction] in autograd/meta.cpp).
+  virtual ~Node();
   // Gradients w.r.t. the node's inputs (one per next_edges entry; undefined = zero) given the
   // gradients w.r.t. its outputs (one per output; undefined = zero).
   virtual TensorList apply(TensorList&& grad_outputs) = 0;
@@ -44,9 +46,15 @@ struct Node : std::enable_shared_from_this<Node> {
 struct FunctionNode : Node {
   using BackwardFn = std::function<TensorList(TensorList&&)>;
   FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
-  TensorList apply(TensorList&& grads) override { return fn_(std::move(grads)); }
+  TensorList apply(TensorList&& grads) override {
+    TANDEM_CHECK(fn_ != nullptr, Error, name_,
+                 ": backward through a graph whose saved tensors were already freed; pass "
+                 "retain_graph=true to the first backward to run it twice");
+    return fn_(std::move(grads));
+  }
   std::string name() const override { return name_; }
   void release() override { fn_ = nullptr; }
+  bool released() const { return fn_ == nullptr; }
 
  private:
   std::string name_;
@@ -55,13 +63,28 @@ struct FunctionNode : Node {
 
 // Per-tensor autograd state, kept in TensorImpl::autograd.
 struct AutogradMeta : AutogradMetaBase {
+  ~AutogradMeta() override;  // iterative deleter for grad_fn (see ~Node)
   bool requires_grad = false;
   Tensor grad;                      // leaves only
   std::shared_ptr<Node> grad_fn;    // non-leaves: producing node
   uint32_t output_nr = 0;           // which output of grad_fn
-  std::shared_ptr<Node> grad_accumulator;  // leaves: created lazily, weakly cached
+  // Leaves: created lazily by gradient_edge and cached here. The accumulator refers back to
+  // the leaf weakly, so leaf -> accumulator -> leaf is not an ownership cycle.
+  std::shared_ptr<Node> grad_accumulator;
+  // Called in registration order with the leaf's .grad once it is final in a backward pass.
   std::vector<std::pair<int, std::function<void(const Tensor&)>>> hooks;
   int next_hook_id = 0;
+};
+
+// The node at the end of every leaf's gradient path: accumulates into the leaf's .grad
+// (`grad += g`; the first time a fresh contiguous copy, never an alias of the incoming
+// buffer), then fires the leaf's hooks. Runs as soon as it is ready (sequence_nr = max), so
+// each leaf's gradient becomes final as early as possible (what overlapped allreduce needs).
+struct AccumulateGrad : Node {
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
+  TensorList apply(TensorList&& grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  std::weak_ptr<TensorImpl> leaf;
 };
 
 // AutogradMeta of t, created if absent.

@@ -1,0 +1,311 @@
+#include "data/idx.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tandem::data {
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::str;
+
+std::string hex(uint32_t v, int digits = 8) {
+  std::ostringstream os;
+  os << "0x" << std::hex << std::setw(digits) << std::setfill('0') << v;
+  return os.str();
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_gzip(const std::vector<uint8_t>& b, size_t at = 0) {
+  return b.size() >= at + 2 && b[at] == 0x1f && b[at + 1] == 0x8b;
+}
+
+std::vector<uint8_t> read_raw(const std::string& path) {
+  std::error_code ec;
+  auto status = fs::status(path, ec);
+  TANDEM_CHECK(fs::exists(status), IO, "cannot open '", path, "': no such file");
+  TANDEM_CHECK(!fs::is_directory(status), IO, "cannot read '", path, "': it is a directory");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  TANDEM_CHECK(f != nullptr, IO, "cannot open '", path, "': ", std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t chunk[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+  bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  TANDEM_CHECK(!failed, IO, "error reading '", path, "'");
+  return bytes;
+}
+
+// Inflates one or more concatenated gzip members. zlib verifies each member's CRC-32 and
+// length, so a flipped bit is caught here rather than showing up as a wrong pixel.
+std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& path) {
+  // The last member's trailer holds its uncompressed size mod 2^32: a good first guess,
+  // capped by deflate's maximum ratio (about 1032:1) so a corrupt trailer cannot ask for
+  // a huge allocation.
+  size_t guess = 1 << 16;
+  if (in.size() >= 4) {
+    size_t t = in.size() - 4;
+    uint32_t isize = uint32_t(in[t]) | uint32_t(in[t + 1]) << 8 | uint32_t(in[t + 2]) << 16 |
+                     uint32_t(in[t + 3]) << 24;
+    guess = std::max<size_t>(guess, std::min<size_t>(isize, in.size() * 1032));
+  }
+  std::vector<uint8_t> out(guess);
+  size_t produced = 0, consumed = 0;
+
+  z_stream zs{};
+  TANDEM_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, IO, "'", path, "': zlib init failed");
+  std::string error;
+  for (;;) {
+    if (produced == out.size()) out.resize(out.size() * 2);
+    size_t in_left = in.size() - consumed, out_left = out.size() - produced;
+    zs.next_in = const_cast<Bytef*>(in.data() + consumed);
+    zs.avail_in = static_cast<uInt>(std::min<size_t>(in_left, UINT_MAX));
+    zs.next_out = out.data() + produced;
+    zs.avail_out = static_cast<uInt>(std::min<size_t>(out_left, UINT_MAX));
+    uInt avail_in = zs.avail_in, avail_out = zs.avail_out;
+    int ret = inflate(&zs, Z_NO_FLUSH);
+    bool progress = zs.avail_in != avail_in || zs.avail_out != avail_out;
+    consumed += avail_in - zs.avail_in;
+    produced += avail_out - zs.avail_out;
+    if (ret == Z_STREAM_END) {
+      if (consumed == in.size()) break;
+      if (!is_gzip(in, consumed)) {
+        error = "corrupt gzip stream: " + std::to_string(in.size() - consumed) +
+                " bytes of trailing garbage after the compressed data";
+        break;
+      }
+      inflateReset(&zs);  // another gzip member follows
+    } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed == in.size() && zs.avail_out > 0)) {
+      if (consumed == in.size()) {
+        error = "truncated gzip stream: the compressed data ends after " +
+                std::to_string(in.size()) + " bytes before the end of the stream";
+        break;
+      }
+      if (!progress && zs.avail_out > 0) {
+        error = "corrupt gzip stream (inflate made no progress)";
+        break;
+      }
+      // otherwise only the output was full: grow and continue
+    } else if (ret != Z_OK) {
+      error = std::string("corrupt gzip stream (") + (zs.msg ? zs.msg : "zlib error " + std::to_string(ret)) + ")";
+      break;
+    }
+  }
+  inflateEnd(&zs);
+  TANDEM_CHECK(error.empty(), Format, "'", path, "': ", error);
+  out.resize(produced);
+  return out;
+}
+
+std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& in, const std::string& path) {
+  z_stream zs{};
+  TANDEM_CHECK(deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8,
+                            Z_DEFAULT_STRATEGY) == Z_OK,
+               IO, "'", path, "': zlib init failed");
+  std::vector<uint8_t> out(deflateBound(&zs, in.size()) + 64);
+  size_t consumed = 0, produced = 0;
+  int ret = Z_OK;
+  while (ret != Z_STREAM_END) {
+    if (produced == out.size()) out.resize(out.size() * 2);
+    size_t in_left = in.size() - consumed;
+    uInt chunk_in = static_cast<uInt>(std::min<size_t>(in_left, UINT_MAX));
+    uInt chunk_out = static_cast<uInt>(std::min<size_t>(out.size() - produced, UINT_MAX));
+    zs.next_in = const_cast<Bytef*>(in.data() + consumed);
+    zs.avail_in = chunk_in;
+    zs.next_out = out.data() + produced;
+    zs.avail_out = chunk_out;
+    ret = deflate(&zs, chunk_in == in_left ? Z_FINISH : Z_NO_FLUSH);
+    consumed += chunk_in - zs.avail_in;
+    produced += chunk_out - zs.avail_out;
+    if (ret != Z_OK && ret != Z_STREAM_END && ret != Z_BUF_ERROR) {
+      deflateEnd(&zs);
+      TANDEM_THROW(IO, "'", path, "': gzip compression failed (zlib error ", ret, ")");
+    }
+  }
+  deflateEnd(&zs);
+  out.resize(produced);
+  return out;
+}
+
+struct IdxData {
+  std::vector<int64_t> dims;
+  std::vector<uint8_t> bytes;  // the whole file; the data starts at `data_offset`
+  size_t data_offset = 0;
+};
+
+uint32_t read_be32(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
+}
+
+// Reads and validates an IDX file whose magic must be `magic` (which fixes the rank).
+IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
+  IdxData idx;
+  idx.bytes = read_file_bytes(path);
+  const auto& b = idx.bytes;
+  TANDEM_CHECK(b.size() >= 4, Format, "'", path, "': truncated IDX file: ", b.size(),
+               " bytes, too short for the 4-byte magic number");
+  uint32_t got = read_be32(b.data());
+  if (got != magic) {
+    // Name what the file seems to be, e.g. a label file passed as images.
+    std::string seems;
+    if ((got >> 16) == 0) seems = str(", which means element type ", hex(got >> 8 & 0xff, 2),
+                                      " with ", got & 0xff, " dimensions");
+    TANDEM_THROW(Format, "'", path, "': bad IDX magic number ", hex(got), seems, " (expected ",
+                 hex(magic), " for ", what, ": unsigned bytes with ", magic & 0xff,
+                 " dimensions)");
+  }
+  size_t rank = magic & 0xff;
+  size_t header = 4 + 4 * rank;
+  TANDEM_CHECK(b.size() >= header, Format, "'", path, "': truncated IDX header: expected ",
+               header, " bytes for ", rank, " dimensions, got ", b.size());
+  // The product of the dims is compared with the file length as it grows, so it cannot overflow.
+  uint64_t actual = b.size() - header;
+  uint64_t expected = 1;
+  bool too_big = false;
+  for (size_t d = 0; d < rank; ++d) {
+    uint32_t n = read_be32(b.data() + 4 + 4 * d);
+    TANDEM_CHECK(n > 0, Format, "'", path, "': IDX dimension ", d, " is 0");
+    idx.dims.push_back(n);
+    if (too_big || expected > actual / n) {
+      too_big = true;
+    } else {
+      expected *= n;
+    }
+  }
+  std::string shape = shape_str(idx.dims);
+  TANDEM_CHECK(!too_big, Format, "'", path, "': truncated IDX data: shape ", shape,
+               " needs more bytes than the ", actual, " bytes after the header");
+  TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: expected ",
+               header + expected, " bytes (", header, "-byte header + ", expected,
+               " data bytes for shape ", shape, "), got ", b.size());
+  TANDEM_CHECK(actual == expected, Format, "'", path, "': IDX file too long: expected ",
+               header + expected, " bytes (", header, "-byte header + ", expected,
+               " data bytes for shape ", shape, "), got ", b.size());
+  idx.data_offset = header;
+  return idx;
+}
+
+std::atomic<uint64_t> g_tmp_counter{0};
+
+// Header + data of an IDX file of unsigned bytes.
+std::vector<uint8_t> idx_bytes(uint32_t magic, const Shape& dims, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> out;
+  out.reserve(4 + 4 * dims.size() + data.size());
+  auto put = [&](uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
+  };
+  put(magic);
+  for (int64_t d : dims) put(static_cast<uint32_t>(d));
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  std::vector<uint8_t> raw = read_raw(path);
+  if (is_gzip(raw)) return gunzip(raw, path);
+  TANDEM_CHECK(!ends_with(path, ".gz"), Format, "'", path,
+               "': corrupt gzip stream: the file is named .gz but does not start with the gzip"
+               " magic bytes 1f 8b");
+  return raw;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes, bool gzip) {
+  std::vector<uint8_t> compressed;
+  if (gzip) compressed = gzip_bytes(bytes, path);
+  const std::vector<uint8_t>& out = gzip ? compressed : bytes;
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  TANDEM_CHECK(f != nullptr, IO, "cannot write '", path, "': cannot create '", tmp, "': ",
+               std::strerror(errno));
+  bool ok = out.empty() || std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  int saved_errno = errno;
+  ok = std::fclose(f) == 0 && ok;
+  std::error_code ec;
+  if (!ok) {
+    fs::remove(tmp, ec);
+    TANDEM_THROW(IO, "cannot write '", path, "': ", std::strerror(saved_errno));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    TANDEM_THROW(IO, "cannot write '", path, "': rename from '", tmp, "' failed: ", ec.message());
+  }
+}
+
+Tensor read_idx_images(const std::string& path) {
+  IdxData idx = read_idx(path, kIdxImagesMagic, "images");
+  Tensor out = empty(idx.dims, kUInt8, kCPU);  // [N, rows, cols]
+  std::memcpy(out.raw_data(), idx.bytes.data() + idx.data_offset, out.nbytes());
+  return out;
+}
+
+Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
+  TANDEM_CHECK(num_classes > 0, Value, "read_idx_labels('", path, "'): num_classes must be > 0, got ",
+               num_classes);
+  IdxData idx = read_idx(path, kIdxLabelsMagic, "labels");
+  Tensor out = empty(idx.dims, kInt64, kCPU);  // [N]
+  int64_t* dst = out.data<int64_t>();
+  const uint8_t* src = idx.bytes.data() + idx.data_offset;
+  for (int64_t i = 0; i < idx.dims[0]; ++i) {
+    TANDEM_CHECK(src[i] < num_classes, Format, "'", path, "': label ", i, " is ", int(src[i]),
+                 ", outside [0, ", num_classes, ")");
+    dst[i] = src[i];
+  }
+  return out;
+}
+
+void write_idx_images(const std::string& path, const Tensor& images, bool gzip) {
+  TANDEM_CHECK(images.defined(), Value, "write_idx_images('", path, "'): undefined tensor");
+  TANDEM_CHECK(images.dtype() == kUInt8, DType, "write_idx_images('", path,
+               "'): expected uint8 images, got ", dtype_name(images.dtype()));
+  TANDEM_CHECK(images.dim() == 3, Shape, "write_idx_images('", path,
+               "'): expected images [N, H, W], got ", shape_str(images.shape()));
+  std::vector<uint8_t> data = images.to_vector<uint8_t>();
+  write_file_atomic(path, idx_bytes(kIdxImagesMagic, images.shape(), data), gzip);
+}
+
+void write_idx_labels(const std::string& path, const Tensor& labels, bool gzip) {
+  TANDEM_CHECK(labels.defined(), Value, "write_idx_labels('", path, "'): undefined tensor");
+  TANDEM_CHECK(labels.dim() == 1, Shape, "write_idx_labels('", path,
+               "'): expected labels [N], got ", shape_str(labels.shape()));
+  std::vector<uint8_t> data;
+  if (labels.dtype() == kUInt8) {
+    data = labels.to_vector<uint8_t>();
+  } else {
+    TANDEM_CHECK(labels.dtype() == kInt64, DType, "write_idx_labels('", path,
+                 "'): expected uint8 or int64 labels, got ", dtype_name(labels.dtype()));
+    std::vector<int64_t> v = labels.to_vector<int64_t>();
+    data.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      TANDEM_CHECK(v[i] >= 0 && v[i] <= 255, Value, "write_idx_labels('", path, "'): label ", i,
+                   " is ", v[i], ", outside [0, 255]");
+      data[i] = static_cast<uint8_t>(v[i]);
+    }
+  }
+  write_file_atomic(path, idx_bytes(kIdxLabelsMagic, labels.shape(), data), gzip);
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,51 @@
+#pragma once
+// The IDX file format of MNIST and Fashion-MNIST, raw or gzip-compressed.
+//
+// An IDX file is a big-endian header followed by the data, row-major:
+//   bytes 0..1  zero
+//   byte  2     element type (0x08 = unsigned byte, the only one used here)
+//   byte  3     number of dimensions D
+//   4 * D bytes the size of each dimension, big-endian uint32
+//   the data    product(dims) elements
+// so the magic number (the first four bytes as a big-endian uint32) is 2049 (0x00000801) for a
+// label file [N] and 2051 (0x00000803) for an image file [N, rows, cols].
+//
+// Readers load the whole file into memory (decompressing it when it starts with the gzip
+// magic bytes, whatever its name), then validate everything before building a tensor. Every
+// failure names the file:
+//   missing or unreadable file                       -> IOError
+//   bad magic, zero dimension, truncated or oversized
+//   data, corrupt or truncated gzip stream, a label
+//   outside [0, num_classes)                         -> FormatError (an IOError)
+// Writers write a temporary file next to the target and rename it into place, so a reader
+// never sees a half-written file.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::data {
+
+inline constexpr uint32_t kIdxLabelsMagic = 2049;  // 0x00000801: ubyte, 1 dimension
+inline constexpr uint32_t kIdxImagesMagic = 2051;  // 0x00000803: ubyte, 3 dimensions
+
+// uint8 [N, rows, cols] on the CPU.
+Tensor read_idx_images(const std::string& path);
+// int64 [N] on the CPU; every label must lie in [0, num_classes) (num_classes > 0).
+Tensor read_idx_labels(const std::string& path, int64_t num_classes = 10);
+
+// images: uint8 [N, H, W], labels: uint8 or int64 [N] with values in [0, 255]; any device and
+// strides. With gzip the file is gzip-compressed (name it *.gz by convention).
+void write_idx_images(const std::string& path, const Tensor& images, bool gzip);
+void write_idx_labels(const std::string& path, const Tensor& labels, bool gzip);
+
+// The bytes of a file, gunzipped when it starts with the gzip magic bytes (several
+// concatenated gzip members are joined, as gunzip does). A file whose name ends in ".gz" must
+// be gzip data. Throws IOError / FormatError naming the path.
+std::vector<uint8_t> read_file_bytes(const std::string& path);
+// Writes bytes (gzip-compressed when gzip is true) to a temporary file in the same directory
+// and renames it to path. Throws IOError naming the path.
+void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes, bool gzip);
+
+}  // namespace tandem::data
