@@ -18,10 +18,8 @@ void move_in_place(const Tensor& t, Device d) {
   impl->storage = moved.storage();
   impl->strides = moved.strides();
   impl->offset = moved.offset();
-  if (t.requires_grad()) {
-    Tensor g = t.grad();
-    if (g.defined()) t.set_grad(g.to(d));
-  }
+  Tensor g = t.grad();
+  if (g.defined()) t.set_grad(g.to(d));
 }
 
 // A fresh leaf holding a copy of t's values.

@@ -1,0 +1,170 @@
+// Differentiable neural-network ops: matmul, linear, conv2d, pooling, log_softmax,
+// cross_entropy, batch_norm. Each backward calls the matching fused kernel.
+#include "autograd/function.h"
+#include "autograd/ops.h"
+
+namespace tandem {
+
+using autograd::needs_grad;
+using autograd::record;
+using autograd::saved;
+using autograd::TensorList;
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::matmul(a, b);  // [M, K] @ [K, N] -> [M, N]
+  if (autograd::any_requires_grad({&a, &b})) {
+    const bool na = needs_grad(a), nb = needs_grad(b);
+    record("Matmul", {a, b}, {y},
+           [na, nb, a = nb ? saved(a) : Tensor(), b = na ? saved(b) : Tensor()](
+               TensorList&& g) -> TensorList {
+             Tensor ga = na ? kernels::matmul(g[0], b, false, true) : Tensor();  // g @ b^T
+             Tensor gb = nb ? kernels::matmul(a, g[0], true, false) : Tensor();  // a^T @ g
+             return {ga, gb};
+           });
+  }
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor y = kernels::matmul(x, w, false, true);  // [N, in] @ [out, in]^T -> [N, out]
+  if (b.defined()) kernels::binary_(BinaryOp::Add, y, b);  // b [out] broadcast over rows
+  if (autograd::any_requires_grad({&x, &w, &b})) {
+    const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
+    record("Linear", {x, w, b}, {y},
+           [nx, nw, nb, x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor()](
+               TensorList&& g) -> TensorList {
+             Tensor gx = nx ? kernels::matmul(g[0], w) : Tensor();               // [N, in]
+             Tensor gw = nw ? kernels::matmul(g[0], x, true, false) : Tensor();  // [out, in]
+             Tensor gb = nb ? kernels::sum(g[0], {0}) : Tensor();                // [out]
+             return {gx, gw, gb};
+           });
+  }
+  return y;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+  Tensor y = kernels::conv2d(x, w, b, p);  // [N, K, P, Q]
+  if (autograd::any_requires_grad({&x, &w, &b})) {
+    const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
+    record("Conv2d", {x, w, b}, {y},
+           [nx, nw, nb, p, xs = x.shape(), ws = w.shape(), x = nw || nb ? saved(x) : Tensor(),
+            w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
+             const Tensor dy = g[0].contiguous();
+             Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
+             Tensor gw, gb;
+             if (nw || nb) std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb);
+             return {gx, nw ? gw : Tensor(), gb};
+           });
+  }
+  return y;
+}
+
+namespace {
+
+Tensor pool2d(const char* name, PoolMode mode, const Tensor& x, const Pool2dParams& p) {
+  Tensor y = kernels::pool2d(mode, x, p);  // [N, C, P, Q]
+  if (autograd::any_requires_grad({&x})) {
+    record(name, {x}, {y},
+           [mode, p, x = saved(x), y = saved(y)](TensorList&& g) -> TensorList {
+             return {kernels::pool2d_backward(mode, x, y, g[0].contiguous(), p)};
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
+  return pool2d("MaxPool2d", PoolMode::Max, x, p);
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
+  return pool2d("AvgPool2d", PoolMode::Avg, x, p);
+}
+
+Tensor log_softmax(const Tensor& x) {
+  Tensor y = kernels::log_softmax(x);  // [N, C]
+  if (autograd::any_requires_grad({&x})) {
+    record("LogSoftmax", {x}, {y}, [y = saved(y)](TensorList&& g) -> TensorList {
+      return {kernels::log_softmax_backward(g[0].contiguous(), y)};
+    });
+  }
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+  auto [loss, log_probs] = kernels::cross_entropy(logits, target);  // [], [N, C]
+  if (autograd::any_requires_grad({&logits})) {
+    // dloss stays a device tensor: the backward never reads it on the host.
+    record("CrossEntropy", {logits}, {loss},
+           [log_probs = log_probs, target = saved(target)](TensorList&& g) -> TensorList {
+             return {kernels::cross_entropy_backward(log_probs, target, g[0])};
+           });
+  }
+  return loss;
+}
+
+namespace {
+
+// [1, C, 1, 1] (or [1, C] for 2-D input): a per-channel vector broadcast against x.
+Shape channel_shape(const Tensor& x) {
+  Shape s(static_cast<size_t>(x.dim()), 1);
+  s[1] = x.size(1);
+  return s;
+}
+
+// Eval mode is the affine map y = (x - mean) * invstd * gamma + beta with fixed statistics.
+// invstd and mean are snapshotted at forward time because the running stats are updated in
+// place by later training steps.
+Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, double eps) {
+  Tensor y = kernels::batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
+  if (autograd::any_requires_grad({&x, &gamma, &beta})) {
+    const bool nx = needs_grad(x), ng = needs_grad(gamma), nb = needs_grad(beta);
+    const Shape cs = channel_shape(x);
+    Tensor invstd = kernels::unary(
+        UnaryOp::Reciprocal,
+        kernels::unary(UnaryOp::Sqrt, kernels::scalar(ScalarOp::Add, running_var, eps)));
+    Tensor scale = gamma.defined() ? kernels::binary(BinaryOp::Mul, gamma, invstd) : invstd;
+    record("BatchNormEval", {x, gamma, beta}, {y},
+           [nx, ng, nb, cs, scale = scale.reshape(cs), invstd = invstd.reshape(cs),
+            mean = ng ? running_mean.clone().reshape(cs) : Tensor(),
+            x = ng ? saved(x) : Tensor()](TensorList&& g) -> TensorList {
+             const int64_t c = cs[1];
+             Tensor gx = nx ? kernels::binary(BinaryOp::Mul, g[0], scale) : Tensor();
+             Tensor gg, gb;
+             if (ng) {
+               Tensor xhat = kernels::binary(BinaryOp::Mul,
+                                             kernels::binary(BinaryOp::Sub, x, mean), invstd);
+               gg = kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], xhat), cs).reshape({c});
+             }
+             if (nb) gb = kernels::sum_to(g[0], cs).reshape({c});
+             return {gx, gg, gb};
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  TANDEM_CHECK(x.defined() && (x.dim() == 2 || x.dim() == 4), Shape,
+               "batch_norm: expected [N, C] or [N, C, H, W] input, got ",
+               x.defined() ? x.str() : std::string("an undefined tensor"));
+  if (!training) return batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
+  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps);
+  if (autograd::any_requires_grad({&x, &gamma, &beta})) {
+    const bool nx = needs_grad(x), ng = needs_grad(gamma), nb = needs_grad(beta);
+    record("BatchNorm", {x, gamma, beta}, {r.y},
+           [nx, ng, nb, x = saved(x), gamma = saved(gamma), mean = r.save_mean,
+            invstd = r.save_invstd](TensorList&& g) -> TensorList {
+             auto d = kernels::batch_norm_backward(g[0].contiguous(), x, gamma, mean, invstd);
+             return {nx ? d.dx : Tensor(), ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
+           });
+  }
+  return r.y;
+}
+
+}  // namespace tandem

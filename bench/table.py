@@ -1,0 +1,20 @@
+"""Prints the benchmark results (one JSON object per line) as a table."""
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+kinds = {}
+for r in rows:
+    kinds.setdefault(r.get("kind", "train"), []).append(r)
+
+for r in kinds.get("train", []):
+    pass
+if kinds.get("train"):
+    print(f"{'model':<9} {'framework':<9} {'path':<12} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10}")
+    for r in kinds["train"]:
+        print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<12} {r['devices']:>3} {r['batch_size']:>5} "
+              f"{r['median_s']:>8.3f} {r['images_per_s']:>10.0f}")
+if kinds.get("allreduce"):
+    print()
+    print(f"{'allreduce':<10} {'framework':<9} {'bytes':>10} {'time_us':>9} {'busbw_GB/s':>11}")
+    for r in kinds["allreduce"]:
+        print(f"{r['algo']:<10} {r['framework']:<9} {r['bytes']:>10} {r['time_us']:>9.1f} {r['busbw_gbs']:>11.1f}")

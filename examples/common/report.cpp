@@ -1,0 +1,69 @@
+#include "common/report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+namespace tandem::examples {
+
+Progress::Progress(int64_t total, std::string label)
+    : total_(total), label_(std::move(label)), tty_(isatty(STDERR_FILENO) != 0) {}
+
+void Progress::update(int64_t done) {
+  if (!tty_ || total_ <= 0) return;
+  int percent = static_cast<int>(100 * done / total_);
+  if (percent == last_percent_) return;
+  last_percent_ = percent;
+  const int width = 30;
+  int filled = width * percent / 100;
+  std::fprintf(stderr, "\r%s [%s%s] %3d%%", label_.c_str(), std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), percent);
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_ && last_percent_ >= 0) std::fprintf(stderr, "\r%s\r", std::string(label_.size() + 40, ' ').c_str());
+}
+
+CsvLog::CsvLog(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  std::ofstream probe(path_ + ".tmp");
+  if (!probe) throw std::runtime_error("cannot write CSV file '" + path_ + "'");
+  probe.close();
+  std::remove((path_ + ".tmp").c_str());
+}
+
+void CsvLog::add(const EpochStats& s) {
+  if (path_.empty()) return;
+  rows_.push_back(s);
+  flush();
+}
+
+void CsvLog::flush() const {
+  std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw std::runtime_error("cannot write CSV file '" + tmp + "'");
+    f << "epoch,loss,train_acc,test_acc,seconds,images_per_s\n";
+    char line[256];
+    for (const auto& r : rows_) {
+      std::snprintf(line, sizeof line, "%lld,%.6f,%.6f,%.6f,%.4f,%.1f\n", static_cast<long long>(r.epoch),
+                    r.loss, r.train_acc, r.test_acc, r.seconds, r.images_per_s);
+      f << line;
+    }
+    if (!f.flush()) throw std::runtime_error("failed writing CSV file '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0)
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "'");
+}
+
+std::string format_epoch(const EpochStats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "epoch %3lld  loss %.4f  train acc %.4f  test acc %.4f  %7.2f s  %9.0f images/s",
+                static_cast<long long>(s.epoch), s.loss, s.train_acc, s.test_acc, s.seconds, s.images_per_s);
+  return buf;
+}
+
+}  // namespace tandem::examples

@@ -1,0 +1,40 @@
+#pragma once
+// The training driver shared by the example programs and the benchmark: loads Fashion-MNIST,
+// builds the model, trains it on one device or data-parallel on several, evaluates after
+// every epoch, and reports each epoch (stdout line, CSV row, callback).
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/report.h"
+#include "core/device.h"
+#include "nn/module.h"
+
+namespace tandem::examples {
+
+struct TrainConfig {
+  std::function<std::shared_ptr<nn::Module>()> make_model;  // built on the CPU, moved by the driver
+  std::string data_dir;
+  std::vector<Device> devices;          // one entry: single-device training
+  std::string parallel = "scratch";     // scratch | dp (several devices only)
+  std::string comm = "nccl";            // naive | ring | nccl (scratch path)
+  int64_t epochs = 10;
+  int64_t batch_size = 256;             // global batch, split across devices
+  std::string optimizer = "sgd";        // sgd | adam
+  double lr = 0.9, momentum = 0.0, weight_decay = 0.0;
+  uint64_t seed = 0;
+  int64_t train_limit = -1, test_limit = -1;
+  bool evaluate = true;                 // test accuracy after each epoch
+  bool drop_last = false;
+  bool progress = true;
+  std::string csv, trace;
+};
+
+// Runs the whole training; calls on_epoch after each epoch. Throws tandem::Error on failure.
+void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch);
+
+// Default device list for a program: every GPU's first when there is one, else the CPU.
+std::vector<Device> default_devices();
+
+}  // namespace tandem::examples

@@ -1,0 +1,165 @@
+// Batch normalization over [N, C, H*W] (H*W = 1 for [N, C] inputs), per channel.
+// Statistics are accumulated in float64 and the variance is two-pass (mean first), which
+// avoids the cancellation of E[x^2] - E[x]^2 on inputs with a large mean.
+#include <cmath>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace tandem::cpu {
+
+namespace {
+
+struct BnGeom {
+  int64_t n, c, hw;
+  int64_t count() const { return n * hw; }
+};
+
+BnGeom geom(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+}
+
+// Calls fn(ptr, len) for each contiguous block of channel c: one block of H*W per image.
+template <typename T, typename Fn>
+inline void for_channel(const BnGeom& g, const T* base, int64_t c, Fn fn) {
+  for (int64_t i = 0; i < g.n; ++i) fn(base + (i * g.c + c) * g.hw, g.hw);
+}
+
+template <typename T>
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+template <typename T>
+T* mptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
+// y = (x - mean) * invstd * gamma + beta on channel c.
+template <typename T>
+void normalize_channel(const BnGeom& g, const T* x, T* y, int64_t c, double mean, double invstd,
+                       double gamma, double beta) {
+  const T mu = static_cast<T>(mean);
+  const T scale = static_cast<T>(invstd * gamma);
+  const T shift = static_cast<T>(beta);
+  for (int64_t i = 0; i < g.n; ++i) {
+    const int64_t off = (i * g.c + c) * g.hw;
+    for (int64_t j = 0; j < g.hw; ++j) y[off + j] = (x[off + j] - mu) * scale + shift;
+  }
+}
+
+template <typename T>
+void bn_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& rmean,
+              const Tensor& rvar, double momentum, double eps, const Tensor& y,
+              const Tensor& save_mean, const Tensor& save_invstd) {
+  const BnGeom g = geom(x);
+  const T* px = cptr<T>(x);
+  const double m = static_cast<double>(g.count());
+  for (int64_t c = 0; c < g.c; ++c) {
+    double s = 0;
+    for_channel(g, px, c, [&](const T* p, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) s += p[j];
+    });
+    const double mean = s / m;
+    double ss = 0;
+    for_channel(g, px, c, [&](const T* p, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) {
+        const double d = static_cast<double>(p[j]) - mean;
+        ss += d * d;
+      }
+    });
+    const double var = ss / m;
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    normalize_channel(g, px, mptr<T>(y), c, mean, invstd, cptr<T>(gamma)[c], cptr<T>(beta)[c]);
+    mptr<T>(save_mean)[c] = static_cast<T>(mean);
+    mptr<T>(save_invstd)[c] = static_cast<T>(invstd);
+    T& rm = mptr<T>(rmean)[c];
+    T& rv = mptr<T>(rvar)[c];
+    const double unbiased = m > 1 ? ss / (m - 1) : var;
+    rm = static_cast<T>((1 - momentum) * rm + momentum * mean);
+    rv = static_cast<T>((1 - momentum) * rv + momentum * unbiased);
+  }
+}
+
+template <typename T>
+void bn_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& rmean,
+             const Tensor& rvar, double eps, const Tensor& y) {
+  const BnGeom g = geom(x);
+  for (int64_t c = 0; c < g.c; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(cptr<T>(rvar)[c]) + eps);
+    normalize_channel(g, cptr<T>(x), mptr<T>(y), c, cptr<T>(rmean)[c], invstd,
+                      cptr<T>(gamma)[c], cptr<T>(beta)[c]);
+  }
+}
+
+// With xhat = (x - mean) * invstd and M values per channel:
+//   dbeta = sum(dy), dgamma = sum(dy * xhat),
+//   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma).
+template <typename T>
+void bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                 const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
+                 const Tensor& dbeta) {
+  const BnGeom g = geom(x);
+  const T* px = cptr<T>(x);
+  const T* pdy = cptr<T>(dy);
+  T* pdx = mptr<T>(dx);
+  const double m = static_cast<double>(g.count());
+  for (int64_t c = 0; c < g.c; ++c) {
+    const double mean = cptr<T>(save_mean)[c], invstd = cptr<T>(save_invstd)[c];
+    double sdy = 0, sdyx = 0;
+    for (int64_t i = 0; i < g.n; ++i) {
+      const int64_t off = (i * g.c + c) * g.hw;
+      for (int64_t j = 0; j < g.hw; ++j) {
+        sdy += pdy[off + j];
+        sdyx += static_cast<double>(pdy[off + j]) * (static_cast<double>(px[off + j]) - mean);
+      }
+    }
+    const double dg = sdyx * invstd;
+    mptr<T>(dbeta)[c] = static_cast<T>(sdy);
+    mptr<T>(dgamma)[c] = static_cast<T>(dg);
+    if (m == 0) continue;
+    // dx = a * dy + b * (x - mean) + d: the same formula with the per-channel constants
+    // hoisted out of the inner loop.
+    const double k = cptr<T>(gamma)[c] * invstd / m;
+    const T a = static_cast<T>(k * m);
+    const T b = static_cast<T>(-k * dg * invstd);
+    const T d = static_cast<T>(-k * sdy);
+    const T mu = static_cast<T>(mean);
+    for (int64_t i = 0; i < g.n; ++i) {
+      const int64_t off = (i * g.c + c) * g.hw;
+      for (int64_t j = 0; j < g.hw; ++j) {
+        pdx[off + j] = a * pdy[off + j] + b * (px[off + j] - mu) + d;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                          const Tensor& running_mean, const Tensor& running_var,
+                                          double momentum, double eps, const Tensor& y,
+                                          const Tensor& save_mean, const Tensor& save_invstd) {
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    bn_train<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, momentum,
+                                           eps, y, save_mean, save_invstd);
+  });
+}
+
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& running_mean, const Tensor& running_var,
+                                         double eps, const Tensor& y) {
+  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+    bn_eval<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, eps, y);
+  });
+}
+
+void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& save_mean, const Tensor& save_invstd,
+                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
+    bn_backward<typename decltype(tag)::type>(dy, x, gamma, save_mean, save_invstd, dx, dgamma,
+                                              dbeta);
+  });
+}
+
+}  // namespace tandem::cpu

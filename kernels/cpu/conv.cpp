@@ -1,0 +1,237 @@
+// 2-D convolution as im2col + one GEMM per chunk of the batch.
+//
+// Note [conv as one GEMM]: the columns of a whole batch chunk go into one buffer
+//   cols [C*R*S, m*P*Q]   (row (c, r, s), column (n, p, q))
+// so the forward is a single product w [K, C*R*S] @ cols -> [K, m*P*Q], followed by a cheap
+// permute into y [m, K, P, Q]. One big GEMM keeps OpenBLAS efficient even when P*Q is small
+// (late layers) or K is small (LeNet's 6 channels), where per-image GEMMs would be dominated
+// by call overhead. The batch is cut into chunks only to bound the buffer (kMaxColElems) for
+// large layers; LeNet's layers fit in one chunk.
+// Backward input is w^T @ dy -> columns, then col2im (scatter-add); backward weight is
+// dy [K, m*P*Q] @ cols^T accumulated over chunks.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace tandem::cpu {
+
+template <typename T>
+T* scratch(int slot, size_t n) {
+  // double storage keeps every element type aligned.
+  thread_local std::vector<double> buffers[4];
+  auto& buf = buffers[slot];
+  const size_t need = (n * sizeof(T) + sizeof(double) - 1) / sizeof(double);
+  if (buf.size() < need) {
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(need);
+  }
+  return reinterpret_cast<T*>(buf.data());
+}
+template float* scratch<float>(int, size_t);
+template double* scratch<double>(int, size_t);
+
+namespace {
+
+constexpr int64_t kMaxColElems = int64_t{1} << 24;  // 64 MB of float32 columns
+
+struct ConvGeom {
+  int64_t n, c, h, w;  // input [N, C, H, W]
+  int64_t k, r, s;     // weight [K, C, R, S]
+  int64_t p, q;        // output [N, K, P, Q]
+  int64_t sh, sw, ph, pw;
+  int64_t crs() const { return c * r * s; }
+  int64_t pq() const { return p * q; }
+  // Images per chunk so that the column buffer stays under kMaxColElems.
+  int64_t chunk() const {
+    const int64_t per_image = std::max<int64_t>(crs() * pq(), 1);
+    return std::clamp<int64_t>(kMaxColElems / per_image, 1, std::max<int64_t>(n, 1));
+  }
+};
+
+ConvGeom geom(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& prm) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
+          y.size(2), y.size(3), prm.stride_h, prm.stride_w, prm.pad_h, prm.pad_w};
+}
+
+inline int64_t ceil_div_pos(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+
+// Output columns q whose input column q*sw - pw + s lies inside [0, W): [lo, hi).
+inline void valid_q(const ConvGeom& g, int64_t s, int64_t& lo, int64_t& hi) {
+  lo = std::min(ceil_div_pos(g.pw - s, g.sw), g.q);
+  hi = std::max(lo, std::min(ceil_div_pos(g.w + g.pw - s, g.sw), g.q));
+}
+
+// cols [C*R*S, m*P*Q] from x [m, C, H, W]; padding reads as zero.
+template <typename T>
+void im2col(const ConvGeom& g, const T* x, int64_t m, T* cols) {
+  const int64_t ncols = m * g.pq();
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t r = 0; r < g.r; ++r) {
+      for (int64_t s = 0; s < g.s; ++s) {
+        T* dst = cols + ((c * g.r + r) * g.s + s) * ncols;
+        int64_t lo, hi;
+        valid_q(g, s, lo, hi);
+        for (int64_t n = 0; n < m; ++n) {
+          const T* xc = x + (n * g.c + c) * g.h * g.w;
+          for (int64_t p = 0; p < g.p; ++p) {
+            T* d = dst + (n * g.p + p) * g.q;
+            const int64_t ih = p * g.sh - g.ph + r;
+            if (ih < 0 || ih >= g.h) {
+              std::fill(d, d + g.q, T(0));
+              continue;
+            }
+            const T* xr = xc + ih * g.w;
+            std::fill(d, d + lo, T(0));
+            if (hi == lo) {
+              // the whole row falls in the padding
+            } else if (g.sw == 1) {
+              std::memcpy(d + lo, xr + (lo - g.pw + s), (hi - lo) * sizeof(T));
+            } else {
+              for (int64_t q = lo; q < hi; ++q) d[q] = xr[q * g.sw - g.pw + s];
+            }
+            std::fill(d + hi, d + g.q, T(0));
+          }
+        }
+      }
+    }
+  }
+}
+
+// dx [m, C, H, W] += scatter of cols [C*R*S, m*P*Q] (the adjoint of im2col).
+template <typename T>
+void col2im(const ConvGeom& g, const T* cols, int64_t m, T* dx) {
+  const int64_t ncols = m * g.pq();
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t r = 0; r < g.r; ++r) {
+      for (int64_t s = 0; s < g.s; ++s) {
+        const T* src = cols + ((c * g.r + r) * g.s + s) * ncols;
+        int64_t lo, hi;
+        valid_q(g, s, lo, hi);
+        for (int64_t n = 0; n < m; ++n) {
+          T* xc = dx + (n * g.c + c) * g.h * g.w;
+          for (int64_t p = 0; p < g.p; ++p) {
+            const int64_t ih = p * g.sh - g.ph + r;
+            if (ih < 0 || ih >= g.h) continue;
+            const T* d = src + (n * g.p + p) * g.q;
+            T* xr = xc + ih * g.w;
+            for (int64_t q = lo; q < hi; ++q) xr[q * g.sw - g.pw + s] += d[q];
+          }
+        }
+      }
+    }
+  }
+}
+
+// dyp [K, m*P*Q] from dy [m, K, P, Q]: the GEMM layout of a chunk of output gradients.
+template <typename T>
+void gather_dy(const ConvGeom& g, const T* dy, int64_t m, T* dyp) {
+  const int64_t pq = g.pq();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t k = 0; k < g.k; ++k) {
+      std::memcpy(dyp + (k * m + i) * pq, dy + (i * g.k + k) * pq, pq * sizeof(T));
+    }
+  }
+}
+
+template <typename T>
+void conv_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
+  const int64_t chunk = g.chunk(), pq = g.pq(), crs = g.crs();
+  T* cols = scratch<T>(0, static_cast<size_t>(crs * chunk * pq));
+  T* tmp = scratch<T>(1, static_cast<size_t>(g.k * chunk * pq));
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0);
+    im2col(g, x + n0 * g.c * g.h * g.w, m, cols);
+    gemm_raw(false, false, g.k, m * pq, crs, T(1), w, crs, cols, m * pq, T(0), tmp, m * pq);
+    // tmp [K, m, P*Q] -> y [m, K, P*Q], adding the bias on the way.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t k = 0; k < g.k; ++k) {
+        const T* src = tmp + (k * m + i) * pq;
+        T* dst = y + ((n0 + i) * g.k + k) * pq;
+        const T b = bias ? bias[k] : T(0);
+        for (int64_t j = 0; j < pq; ++j) dst[j] = src[j] + b;
+      }
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_input(const ConvGeom& g, const T* dy, const T* w, T* dx) {
+  const int64_t chunk = g.chunk(), pq = g.pq(), crs = g.crs();
+  T* dcols = scratch<T>(0, static_cast<size_t>(crs * chunk * pq));
+  T* dyp = scratch<T>(1, static_cast<size_t>(g.k * chunk * pq));
+  std::fill(dx, dx + g.n * g.c * g.h * g.w, T(0));
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0);
+    gather_dy(g, dy + n0 * g.k * pq, m, dyp);
+    // dcols [CRS, m*PQ] = w^T [CRS, K] @ dyp [K, m*PQ]
+    gemm_raw(true, false, crs, m * pq, g.k, T(1), w, crs, dyp, m * pq, T(0), dcols, m * pq);
+    col2im(g, dcols, m, dx + n0 * g.c * g.h * g.w);
+  }
+}
+
+template <typename T>
+void conv_backward_weight(const ConvGeom& g, const T* x, const T* dy, T* dw, T* db) {
+  const int64_t chunk = g.chunk(), pq = g.pq(), crs = g.crs();
+  T* cols = scratch<T>(0, static_cast<size_t>(crs * chunk * pq));
+  T* dyp = scratch<T>(1, static_cast<size_t>(g.k * chunk * pq));
+  std::fill(dw, dw + g.k * crs, T(0));
+  std::vector<double> bias_acc(db ? g.k : 0, 0.0);
+  for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const int64_t m = std::min(chunk, g.n - n0);
+    im2col(g, x + n0 * g.c * g.h * g.w, m, cols);
+    gather_dy(g, dy + n0 * g.k * pq, m, dyp);
+    // dw [K, CRS] += dyp [K, m*PQ] @ cols^T [m*PQ, CRS]
+    gemm_raw(false, true, g.k, crs, m * pq, T(1), dyp, m * pq, cols, m * pq, T(1), dw, crs);
+    if (db) {
+      for (int64_t k = 0; k < g.k; ++k) {
+        const T* row = dyp + k * m * pq;
+        double s = 0;
+        for (int64_t j = 0; j < m * pq; ++j) s += row[j];
+        bias_acc[k] += s;
+      }
+    }
+  }
+  for (size_t k = 0; k < bias_acc.size(); ++k) db[k] = static_cast<T>(bias_acc[k]);
+}
+
+template <typename T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
+
+}  // namespace
+
+void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                const Conv2dParams& p, const Tensor& y) {
+  const ConvGeom g = geom(x, w, y, p);
+  dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    conv_forward<T>(g, static_cast<const T*>(x.raw_data()), static_cast<const T*>(w.raw_data()),
+                    ptr_or_null<T>(bias), static_cast<T*>(y.raw_data()));
+  });
+}
+
+void CpuBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
+                                       const Tensor& dx) {
+  const ConvGeom g = geom(dx, w, dy, p);
+  dispatch_floating(dy.dtype(), "conv2d_backward_input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    conv_backward_input<T>(g, static_cast<const T*>(dy.raw_data()),
+                           static_cast<const T*>(w.raw_data()), static_cast<T*>(dx.raw_data()));
+  });
+}
+
+void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
+                                        const Tensor& dw, const Tensor& db) {
+  const ConvGeom g = geom(x, dw, dy, p);
+  dispatch_floating(x.dtype(), "conv2d_backward_weight", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    conv_backward_weight<T>(g, static_cast<const T*>(x.raw_data()),
+                            static_cast<const T*>(dy.raw_data()), static_cast<T*>(dw.raw_data()),
+                            db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
+  });
+}
+
+}  // namespace tandem::cpu

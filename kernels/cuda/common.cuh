@@ -1,0 +1,231 @@
+#pragma once
+// Shared pieces of the CUDA kernels: launch sizing, pointer access, the strided indexer used
+// by every elementwise op, device math that picks the float or double function, and the
+// warp/block reductions used by the row kernels (reduce, softmax, batchnorm, bias).
+//
+// Everything here is a template or inline: each .cu file instantiates what it uses.
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/tensor.h"
+
+namespace tandem::gpu {
+
+constexpr int kBlock = 256;           // threads per block of the elementwise kernels
+constexpr int64_t kMaxBlocks = 4096;  // grid cap; kernels use grid-stride loops beyond it
+constexpr int kMaxDims = 8;           // dims of a strided elementwise op after coalescing
+
+// Blocks for `work` items at `block` threads each: ceil-div, capped, at least one.
+inline unsigned grid_for(int64_t work, int block = kBlock) {
+  int64_t g = ceil_div(work, block);
+  if (g < 1) g = 1;
+  if (g > kMaxBlocks) g = kMaxBlocks;
+  return static_cast<unsigned>(g);
+}
+
+// Threads per block of a row kernel: the next power of two >= n, within [32, max_threads].
+inline int row_block_size(int64_t n, int max_threads = 512) {
+  int t = 32;
+  while (t < n && t < max_threads) t *= 2;
+  return t;
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+template <typename T>
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
+
+// ---- strided indexing ----------------------------------------------------------------------
+//
+// N operands of one shape, each with its own strides (zero for a broadcast dim). Dims are
+// stored innermost first after two simplifications done on the host: size-1 dims are dropped
+// and neighbouring dims that are contiguous in every operand are merged. A contiguous tensor
+// thus becomes a single dim of stride 1, and [N, C] + [C] becomes two dims however many the
+// tensors had. Index is uint32_t when the element count fits, int64_t otherwise (64-bit
+// division is several times slower on the GPU).
+template <int N, typename Index>
+struct StridedIndexer {
+  int ndim = 0;
+  Index sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims][N] = {};
+
+  __device__ __forceinline__ void offsets(Index i, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxDims; ++d) {
+      if (d == ndim) break;
+      const Index q = i / sizes[d];
+      const Index r = i - q * sizes[d];
+      i = q;
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += static_cast<int64_t>(r) * strides[d][k];
+    }
+  }
+};
+
+// The simplified layout of N operands over `shape` (host side).
+template <int N>
+struct Layout {
+  std::vector<int64_t> sizes;                  // innermost first
+  std::vector<std::array<int64_t, N>> strides;  // per dim, per operand
+
+  // True when every operand is the same dense range (one dim of stride 1, or a single element).
+  bool contiguous() const {
+    if (sizes.empty()) return true;
+    if (sizes.size() != 1) return false;
+    for (int64_t s : strides[0]) {
+      if (s != 1) return false;
+    }
+    return true;
+  }
+
+  template <typename Index>
+  StridedIndexer<N, Index> indexer(const char* op) const {
+    TANDEM_CHECK(sizes.size() <= static_cast<size_t>(kMaxDims), Shape, op, ": ", sizes.size(),
+                 " non-mergeable dims; the CUDA elementwise kernels handle at most ", kMaxDims);
+    StridedIndexer<N, Index> ix;
+    ix.ndim = static_cast<int>(sizes.size());
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      ix.sizes[d] = static_cast<Index>(sizes[d]);
+      for (int k = 0; k < N; ++k) ix.strides[d][k] = strides[d][k];
+    }
+    return ix;
+  }
+};
+
+template <int N>
+Layout<N> make_layout(const Shape& shape, const std::array<const Strides*, N>& strides) {
+  Layout<N> l;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> st;
+    for (int k = 0; k < N; ++k) st[k] = (*strides[k])[d];
+    if (!l.sizes.empty()) {
+      bool merge = true;
+      for (int k = 0; k < N; ++k) merge = merge && st[k] == l.strides.back()[k] * l.sizes.back();
+      if (merge) {
+        l.sizes.back() *= shape[d];
+        continue;
+      }
+    }
+    l.sizes.push_back(shape[d]);
+    l.strides.push_back(st);
+  }
+  return l;
+}
+
+// ---- device math ---------------------------------------------------------------------------
+// Overloads that resolve to the float (expf) or double (exp) function explicitly.
+__device__ __forceinline__ float d_exp(float x) { return expf(x); }
+__device__ __forceinline__ double d_exp(double x) { return exp(x); }
+__device__ __forceinline__ float d_log(float x) { return logf(x); }
+__device__ __forceinline__ double d_log(double x) { return log(x); }
+__device__ __forceinline__ float d_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double d_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float d_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double d_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float d_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double d_pow(double x, double y) { return pow(x, y); }
+
+template <typename T>
+__host__ __device__ constexpr T lowest_value() {
+  if constexpr (std::is_floating_point_v<T>) {
+    return -std::numeric_limits<T>::infinity();
+  } else {
+    return std::numeric_limits<T>::lowest();
+  }
+}
+
+// Accumulator type of a reduction: the type itself, and int64 for uint8 (sums would wrap).
+template <typename T>
+struct AccOf {
+  using type = T;
+};
+template <>
+struct AccOf<uint8_t> {
+  using type = int64_t;
+};
+template <typename T>
+using acc_t = typename AccOf<T>::type;
+
+// ---- warp and block reductions ---------------------------------------------------------------
+//
+// Note [deterministic reductions]: every reduction here combines values in an order fixed by
+// the launch configuration, which depends only on the shapes, so the same inputs give the
+// same bits on every run. Only index_add and the integer counter of count_correct use atomics.
+
+// (value, index) for argmax: the larger value wins, ties go to the lower index (first maximum).
+template <typename T>
+struct ArgMax {
+  T value;
+  int64_t index;
+};
+
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+template <typename T>
+__device__ __forceinline__ ArgMax<T> shfl_xor(ArgMax<T> v, int mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.value, mask),
+          __shfl_xor_sync(0xffffffffu, v.index, mask)};
+}
+
+struct SumOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A a, A b) const { return b > a ? b : a; }
+};
+struct ArgMaxOp {
+  template <typename T>
+  __device__ __forceinline__ ArgMax<T> operator()(ArgMax<T> a, ArgMax<T> b) const {
+    if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+    return a;
+  }
+};
+
+// All lanes of a full warp get the reduction of the warp's values.
+template <typename V, typename Op>
+__device__ __forceinline__ V warp_reduce(V v, Op op) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) v = op(v, shfl_xor(v, mask));
+  return v;
+}
+
+// Every thread of the block gets the reduction of the block's values. blockDim.x must be a
+// multiple of 32 (at most 1024). Safe to call several times in a row in one kernel.
+template <typename V, typename Op>
+__device__ V block_reduce(V v, Op op, V identity) {
+  __shared__ V partial[32];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  __syncthreads();  // a previous call may still be reading partial[0]
+  v = warp_reduce(v, op);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? partial[lane] : identity;
+    v = warp_reduce(v, op);
+    if (lane == 0) partial[0] = v;
+  }
+  __syncthreads();
+  return partial[0];
+}
+
+}  // namespace tandem::gpu

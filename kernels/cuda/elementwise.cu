@@ -1,0 +1,263 @@
+// Elementwise kernels: fill, copy (with dtype conversion), unary, binary, scalar, axpby.
+// Every op is a functor handed to map_elements (map.cuh), which picks the vectorized
+// contiguous kernel or the strided one. The arithmetic mirrors kernels/cpu/elementwise.cpp
+// op for op (including which ops exist for integer dtypes) so both backends agree.
+#include <type_traits>
+
+#include "core/device.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/map.cuh"
+
+namespace tandem {
+
+namespace gpu {
+namespace {
+
+template <typename T>
+constexpr bool kFloat = std::is_floating_point_v<T>;
+
+template <typename T>
+struct FillFn {
+  T value;
+  __device__ T operator()() const { return value; }
+};
+
+template <typename S, typename D>
+struct CastFn {
+  __device__ D operator()(S x) const { return static_cast<D>(x); }
+};
+
+template <typename T, UnaryOp OP>
+struct UnaryFn {
+  __device__ T operator()(T v) const {
+    if constexpr (OP == UnaryOp::Neg) return static_cast<T>(-v);
+    if constexpr (OP == UnaryOp::Relu) return v > T(0) ? v : T(0);
+    if constexpr (OP == UnaryOp::Abs) {
+      if constexpr (std::is_unsigned_v<T>) return v;
+      else return v < T(0) ? static_cast<T>(-v) : v;
+    }
+    if constexpr (OP == UnaryOp::Square) return static_cast<T>(v * v);
+    if constexpr (kFloat<T>) {
+      if constexpr (OP == UnaryOp::Exp) return d_exp(v);
+      if constexpr (OP == UnaryOp::Log) return d_log(v);
+      if constexpr (OP == UnaryOp::Sigmoid) return T(1) / (T(1) + d_exp(-v));
+      if constexpr (OP == UnaryOp::Tanh) return d_tanh(v);
+      if constexpr (OP == UnaryOp::Sqrt) return d_sqrt(v);
+      if constexpr (OP == UnaryOp::Reciprocal) return T(1) / v;
+    }
+    return v;  // not reached: the host never instantiates a float-only op for integers
+  }
+};
+
+template <typename T, BinaryOp OP>
+struct BinaryFn {
+  __device__ T operator()(T a, T b) const {
+    if constexpr (OP == BinaryOp::Add) return static_cast<T>(a + b);
+    if constexpr (OP == BinaryOp::Sub) return static_cast<T>(a - b);
+    if constexpr (OP == BinaryOp::Mul) return static_cast<T>(a * b);
+    // NaN from either side propagates, as torch.maximum/minimum do.
+    if constexpr (OP == BinaryOp::Max) return (a > b || a != a) ? a : b;
+    if constexpr (OP == BinaryOp::Min) return (a < b || a != a) ? a : b;
+    if constexpr (OP == BinaryOp::Eq) return a == b ? T(1) : T(0);
+    if constexpr (kFloat<T>) {
+      if constexpr (OP == BinaryOp::Div) return a / b;
+      if constexpr (OP == BinaryOp::ReluBackward) return b > T(0) ? a : T(0);
+      if constexpr (OP == BinaryOp::SigmoidBackward) return a * b * (T(1) - b);
+      if constexpr (OP == BinaryOp::TanhBackward) return a * (T(1) - b * b);
+    }
+    return a;  // not reached
+  }
+};
+
+template <typename T, ScalarOp OP>
+struct ScalarFn {
+  T s;
+  __device__ T operator()(T v) const {
+    if constexpr (OP == ScalarOp::Add) return static_cast<T>(v + s);
+    if constexpr (OP == ScalarOp::Mul) return static_cast<T>(v * s);
+    if constexpr (OP == ScalarOp::RSub) return static_cast<T>(s - v);
+    if constexpr (kFloat<T>) {
+      if constexpr (OP == ScalarOp::RDiv) return s / v;
+      if constexpr (OP == ScalarOp::Pow) return d_pow(v, s);
+    }
+    return v;  // not reached
+  }
+};
+
+// out = alpha * x + beta * out, with the two special cases the CPU backend also has.
+template <typename T>
+struct ScaleFn {
+  T alpha;
+  __device__ T operator()(T x) const { return static_cast<T>(alpha * x); }
+};
+template <typename T>
+struct AddFn {
+  __device__ T operator()(T x, T o) const { return static_cast<T>(x + o); }
+};
+template <typename T>
+struct AxpbyFn {
+  T alpha, beta;
+  __device__ T operator()(T x, T o) const { return static_cast<T>(alpha * x + beta * o); }
+};
+
+template <auto V>
+using Const = std::integral_constant<decltype(V), V>;
+
+template <typename T>
+void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
+  auto run = [&](auto c) { map_elements<T, T>("unary", UnaryFn<T, decltype(c)::value>{}, out, x); };
+  switch (op) {
+    case UnaryOp::Neg: return run(Const<UnaryOp::Neg>{});
+    case UnaryOp::Relu: return run(Const<UnaryOp::Relu>{});
+    case UnaryOp::Abs: return run(Const<UnaryOp::Abs>{});
+    case UnaryOp::Square: return run(Const<UnaryOp::Square>{});
+    default: break;
+  }
+  if constexpr (kFloat<T>) {
+    switch (op) {
+      case UnaryOp::Exp: return run(Const<UnaryOp::Exp>{});
+      case UnaryOp::Log: return run(Const<UnaryOp::Log>{});
+      case UnaryOp::Sigmoid: return run(Const<UnaryOp::Sigmoid>{});
+      case UnaryOp::Tanh: return run(Const<UnaryOp::Tanh>{});
+      case UnaryOp::Sqrt: return run(Const<UnaryOp::Sqrt>{});
+      case UnaryOp::Reciprocal: return run(Const<UnaryOp::Reciprocal>{});
+      default: break;
+    }
+  }
+  TANDEM_THROW(DType, "unary op ", static_cast<int>(op), " is not defined for ",
+               dtype_name(x.dtype()));
+}
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  auto run = [&](auto c) {
+    map_elements<T, T, T>("binary", BinaryFn<T, decltype(c)::value>{}, out, a, b);
+  };
+  switch (op) {
+    case BinaryOp::Add: return run(Const<BinaryOp::Add>{});
+    case BinaryOp::Sub: return run(Const<BinaryOp::Sub>{});
+    case BinaryOp::Mul: return run(Const<BinaryOp::Mul>{});
+    case BinaryOp::Max: return run(Const<BinaryOp::Max>{});
+    case BinaryOp::Min: return run(Const<BinaryOp::Min>{});
+    case BinaryOp::Eq: return run(Const<BinaryOp::Eq>{});
+    default: break;
+  }
+  if constexpr (kFloat<T>) {
+    switch (op) {
+      case BinaryOp::Div: return run(Const<BinaryOp::Div>{});
+      case BinaryOp::ReluBackward: return run(Const<BinaryOp::ReluBackward>{});
+      case BinaryOp::SigmoidBackward: return run(Const<BinaryOp::SigmoidBackward>{});
+      case BinaryOp::TanhBackward: return run(Const<BinaryOp::TanhBackward>{});
+      default: break;
+    }
+  }
+  TANDEM_THROW(DType, "binary op ", static_cast<int>(op), " is not defined for ",
+               dtype_name(a.dtype()));
+}
+
+template <typename T>
+void scalar_typed(ScalarOp op, const Tensor& x, double s, const Tensor& out) {
+  const T sv = static_cast<T>(s);
+  auto run = [&](auto c) {
+    map_elements<T, T>("scalar", ScalarFn<T, decltype(c)::value>{sv}, out, x);
+  };
+  switch (op) {
+    case ScalarOp::Add: return run(Const<ScalarOp::Add>{});
+    case ScalarOp::Mul: return run(Const<ScalarOp::Mul>{});
+    case ScalarOp::RSub: return run(Const<ScalarOp::RSub>{});
+    default: break;
+  }
+  if constexpr (kFloat<T>) {
+    switch (op) {
+      case ScalarOp::RDiv: return run(Const<ScalarOp::RDiv>{});
+      case ScalarOp::Pow:
+        // The common exponents avoid pow, exactly as the CPU backend does.
+        if (s == 2.0) return map_elements<T, T>("pow", UnaryFn<T, UnaryOp::Square>{}, out, x);
+        if (s == 1.0) return map_elements<T, T>("pow", CastFn<T, T>{}, out, x);
+        if (s == 0.5) return map_elements<T, T>("pow", UnaryFn<T, UnaryOp::Sqrt>{}, out, x);
+        if (s == -1.0) return map_elements<T, T>("pow", UnaryFn<T, UnaryOp::Reciprocal>{}, out, x);
+        return run(Const<ScalarOp::Pow>{});
+      default: break;
+    }
+  }
+  TANDEM_THROW(DType, "scalar op ", static_cast<int>(op), " is not defined for ",
+               dtype_name(x.dtype()));
+}
+
+}  // namespace
+}  // namespace gpu
+
+void CudaBackend::fill(const Tensor& out, double value) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(out.device());
+  if (value == 0.0 && out.is_contiguous()) {
+    // All-zero bytes are 0 in every dtype (+0.0 for floats).
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(),
+                                      current_cuda_stream(out.device())));
+    return;
+  }
+  dispatch_all(out.dtype(), "fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gpu::map_elements<T>("fill", gpu::FillFn<T>{static_cast<T>(value)}, out);
+  });
+}
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (dst.numel() == 0) return;
+  DeviceGuard guard(dst.device());
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    if (src.raw_data() != dst.raw_data()) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                        cudaMemcpyDeviceToDevice,
+                                        current_cuda_stream(dst.device())));
+    }
+    return;
+  }
+  dispatch_all(src.dtype(), "copy", [&](auto stag) {
+    using S = typename decltype(stag)::type;
+    dispatch_all(dst.dtype(), "copy", [&](auto dtag) {
+      using D = typename decltype(dtag)::type;
+      gpu::map_elements<D, S>("copy", gpu::CastFn<S, D>{}, dst, src);
+    });
+  });
+}
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out) {
+  DeviceGuard guard(out.device());
+  dispatch_all(x.dtype(), "unary", [&](auto tag) {
+    gpu::unary_typed<typename decltype(tag)::type>(op, x, out);
+  });
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  DeviceGuard guard(out.device());
+  dispatch_all(a.dtype(), "binary", [&](auto tag) {
+    gpu::binary_typed<typename decltype(tag)::type>(op, a, b, out);
+  });
+}
+
+void CudaBackend::scalar(ScalarOp op, const Tensor& x, double s, const Tensor& out) {
+  DeviceGuard guard(out.device());
+  dispatch_all(x.dtype(), "scalar", [&](auto tag) {
+    gpu::scalar_typed<typename decltype(tag)::type>(op, x, s, out);
+  });
+}
+
+void CudaBackend::axpby(double alpha, const Tensor& x, double beta, const Tensor& out) {
+  DeviceGuard guard(out.device());
+  dispatch_all(x.dtype(), "axpby", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    // beta == 0 ignores out's old contents (as BLAS does): NaNs or uninitialized memory in it
+    // never reach the result.
+    if (beta == 0.0) {
+      gpu::map_elements<T, T>("axpby", gpu::ScaleFn<T>{al}, out, x);
+    } else if (alpha == 1.0 && beta == 1.0) {
+      gpu::map_elements<T, T, T>("axpby", gpu::AddFn<T>{}, out, x, out);
+    } else {
+      gpu::map_elements<T, T, T>("axpby", gpu::AxpbyFn<T>{al, be}, out, x, out);
+    }
+  });
+}
+
+}  // namespace tandem

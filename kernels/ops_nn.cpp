@@ -1,0 +1,349 @@
+// The dispatcher, part 2: the neural-network ops (convolution, pooling, log-softmax and
+// cross-entropy, row indexing, batch norm, optimizer steps). Same rules as ops.cpp: check,
+// allocate on the inputs' device, make inputs contiguous where the backend needs it, dispatch.
+#include "kernels/ops.h"
+
+namespace tandem::kernels {
+
+namespace {
+
+void check_floating(const char* op, const Tensor& t) {
+  TANDEM_CHECK(is_floating(t.dtype()), DType, op, ": expected a float32 or float64 tensor, got ",
+               dtype_name(t.dtype()), " ", shape_str(t.shape()));
+}
+
+void check_dims(const char* op, const Tensor& t, int64_t nd, const char* what) {
+  TANDEM_CHECK(t.dim() == nd, Shape, op, ": expected ", what, ", got ", shape_str(t.shape()));
+}
+
+void check_shape(const char* op, const Tensor& t, const Shape& want, const char* name) {
+  TANDEM_CHECK(t.shape() == want, Shape, op, ": ", name, " is ", shape_str(t.shape()),
+               ", expected ", shape_str(want));
+}
+
+void check_target(const char* op, const Tensor& target, int64_t n) {
+  TANDEM_CHECK(target.dtype() == kInt64, DType, op, ": target must be int64, got ",
+               dtype_name(target.dtype()));
+  check_shape(op, target, {n}, "target");
+}
+
+// Output extent of a convolution or pooling window sliding along one dim.
+int64_t out_extent(const char* op, int64_t in, int64_t k, int64_t stride, int64_t pad,
+                   const Shape& x_shape) {
+  TANDEM_CHECK(stride >= 1 && pad >= 0, Value, op, ": stride ", stride, " and padding ", pad,
+               " must be >= 1 and >= 0");
+  TANDEM_CHECK(in + 2 * pad >= k, Shape, op, ": window ", k, " is larger than the padded input ",
+               in + 2 * pad, " of ", shape_str(x_shape));
+  return (in + 2 * pad - k) / stride + 1;
+}
+
+// [N, K, P, Q] of a convolution of x_shape [N, C, H, W] with w_shape [K, C, R, S].
+Shape conv_out_shape(const char* op, const Shape& x, const Shape& w, const Conv2dParams& p) {
+  TANDEM_CHECK(x.size() == 4 && w.size() == 4, Shape, op,
+               ": expected input [N, C, H, W] and weight [K, C, R, S], got ", shape_str(x), " and ",
+               shape_str(w));
+  TANDEM_CHECK(x[1] == w[1], Shape, op, ": input ", shape_str(x), " has ", x[1],
+               " channels but weight ", shape_str(w), " expects ", w[1]);
+  return {x[0], w[0], out_extent(op, x[2], w[2], p.stride_h, p.pad_h, x),
+          out_extent(op, x[3], w[3], p.stride_w, p.pad_w, x)};
+}
+
+const char* pool_name(PoolMode mode) { return mode == PoolMode::Max ? "max_pool2d" : "avg_pool2d"; }
+
+Shape pool_out_shape(const char* op, const Tensor& x, const Pool2dParams& p) {
+  check_dims(op, x, 4, "input [N, C, H, W]");
+  TANDEM_CHECK(p.kernel_h >= 1 && p.kernel_w >= 1, Value, op, ": kernel ", p.kernel_h, "x",
+               p.kernel_w, " must be positive");
+  // A window entirely in the padding would have no input to pool (PyTorch has the same rule).
+  TANDEM_CHECK(2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w, Value, op, ": padding ",
+               p.pad_h, "x", p.pad_w, " must be at most half the kernel ", p.kernel_h, "x",
+               p.kernel_w);
+  return {x.size(0), x.size(1), out_extent(op, x.size(2), p.kernel_h, p.stride_h, p.pad_h, x.shape()),
+          out_extent(op, x.size(3), p.kernel_w, p.stride_w, p.pad_w, x.shape())};
+}
+
+// gamma/beta may be undefined (no affine part): the backend always gets [C] tensors.
+Tensor or_full(const Tensor& t, int64_t c, double value, const Tensor& like) {
+  return t.defined() ? t.contiguous() : full({c}, value, like.dtype(), like.device());
+}
+
+void check_bn_args(const char* op, const Tensor& x, std::initializer_list<const Tensor*> per_channel) {
+  check_floating(op, x);
+  TANDEM_CHECK(x.dim() == 2 || x.dim() == 4, Shape, op, ": expected [N, C] or [N, C, H, W] input, got ",
+               shape_str(x.shape()));
+  for (const Tensor* t : per_channel) {
+    if (!t->defined()) continue;
+    check_same_device(op, {&x, t});
+    check_same_dtype(op, {&x, t});
+    check_shape(op, *t, {x.size(1)}, "a per-channel tensor");
+  }
+}
+
+void check_optim_arg(const char* op, const Tensor& param, const Tensor& t, const char* name) {
+  check_same_device(op, {&param, &t});
+  check_same_dtype(op, {&param, &t});
+  check_shape(op, t, param.shape(), name);
+}
+
+void check_in_place(const char* op, const Tensor& t, const char* name) {
+  TANDEM_CHECK(t.is_contiguous(), Value, op, ": ", name, " ", shape_str(t.shape()),
+               " is updated in place and must be contiguous");
+}
+
+}  // namespace
+
+// ---- convolution ------------------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  check_same_device("conv2d", {&x, &w});
+  check_same_dtype("conv2d", {&x, &w});
+  check_floating("conv2d", x);
+  const Shape ys = conv_out_shape("conv2d", x.shape(), w.shape(), p);
+  Tensor b;
+  if (bias.defined()) {
+    check_same_device("conv2d", {&x, &bias});
+    check_same_dtype("conv2d", {&x, &bias});
+    check_shape("conv2d", bias, {w.size(0)}, "bias");
+    b = bias.contiguous();
+  }
+  Tensor y(ys, x.dtype(), x.device());
+  backend_for(x.device()).conv2d_forward(x.contiguous(), w.contiguous(), b, p, y);
+  return y;
+}
+
+Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
+                             const Shape& x_shape) {
+  const char* op = "conv2d_backward_input";
+  check_same_device(op, {&dy, &w});
+  check_same_dtype(op, {&dy, &w});
+  check_floating(op, dy);
+  check_shape(op, dy, conv_out_shape(op, x_shape, w.shape(), p), "dy");
+  Tensor dx(x_shape, dy.dtype(), dy.device());
+  backend_for(dy.device()).conv2d_backward_input(dy.contiguous(), w.contiguous(), p, dx);
+  return dx;
+}
+
+std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
+                                                 const Conv2dParams& p, const Shape& w_shape,
+                                                 bool with_bias) {
+  const char* op = "conv2d_backward_weight";
+  check_same_device(op, {&x, &dy});
+  check_same_dtype(op, {&x, &dy});
+  check_floating(op, x);
+  check_shape(op, dy, conv_out_shape(op, x.shape(), w_shape, p), "dy");
+  Tensor dw(w_shape, x.dtype(), x.device());
+  Tensor db = with_bias ? Tensor({w_shape[0]}, x.dtype(), x.device()) : Tensor();
+  backend_for(x.device()).conv2d_backward_weight(x.contiguous(), dy.contiguous(), p, dw, db);
+  return {dw, db};
+}
+
+// ---- pooling ----------------------------------------------------------------------------
+
+Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p) {
+  const char* op = pool_name(mode);
+  check_same_device(op, {&x});
+  check_floating(op, x);
+  Tensor y(pool_out_shape(op, x, p), x.dtype(), x.device());
+  backend_for(x.device()).pool2d_forward(mode, x.contiguous(), p, y);
+  return y;
+}
+
+Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       const Pool2dParams& p) {
+  const char* op = mode == PoolMode::Max ? "max_pool2d_backward" : "avg_pool2d_backward";
+  check_same_device(op, {&x, &y, &dy});
+  check_same_dtype(op, {&x, &y, &dy});
+  check_floating(op, x);
+  const Shape ys = pool_out_shape(op, x, p);
+  check_shape(op, y, ys, "y");
+  check_shape(op, dy, ys, "dy");
+  Tensor dx(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p,
+                                          dx);
+  return dx;
+}
+
+// ---- log-softmax and cross-entropy ------------------------------------------------------
+
+Tensor log_softmax(const Tensor& x) {
+  check_same_device("log_softmax", {&x});
+  check_floating("log_softmax", x);
+  check_dims("log_softmax", x, 2, "a 2-D [N, C] tensor");
+  Tensor y(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).log_softmax(x.contiguous(), y);
+  return y;
+}
+
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y) {
+  const char* op = "log_softmax_backward";
+  check_same_device(op, {&dy, &y});
+  check_same_dtype(op, {&dy, &y});
+  check_floating(op, y);
+  check_dims(op, y, 2, "a 2-D [N, C] tensor");
+  check_shape(op, dy, y.shape(), "dy");
+  Tensor dx(y.shape(), y.dtype(), y.device());
+  backend_for(y.device()).log_softmax_backward(dy.contiguous(), y.contiguous(), dx);
+  return dx;
+}
+
+std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target) {
+  const char* op = "cross_entropy";
+  check_same_device(op, {&logits, &target});
+  check_floating(op, logits);
+  check_dims(op, logits, 2, "logits [N, C]");
+  check_target(op, target, logits.size(0));
+  Tensor log_probs(logits.shape(), logits.dtype(), logits.device());
+  Tensor loss(Shape{}, logits.dtype(), logits.device());
+  backend_for(logits.device()).cross_entropy_forward(logits.contiguous(), target.contiguous(),
+                                                     log_probs, loss);
+  return {loss, log_probs};
+}
+
+Tensor cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss) {
+  const char* op = "cross_entropy_backward";
+  check_same_device(op, {&log_probs, &target, &dloss});
+  check_same_dtype(op, {&log_probs, &dloss});
+  check_floating(op, log_probs);
+  check_dims(op, log_probs, 2, "log_probs [N, C]");
+  check_target(op, target, log_probs.size(0));
+  TANDEM_CHECK(dloss.numel() == 1, Shape, op, ": dloss must have one element, got ",
+               shape_str(dloss.shape()));
+  Tensor dlogits(log_probs.shape(), log_probs.dtype(), log_probs.device());
+  backend_for(log_probs.device()).cross_entropy_backward(log_probs.contiguous(), target.contiguous(),
+                                                         dloss, dlogits);
+  return dlogits;
+}
+
+void count_correct(const Tensor& logits, const Tensor& target, const Tensor& correct) {
+  const char* op = "count_correct";
+  check_same_device(op, {&logits, &target, &correct});
+  check_floating(op, logits);
+  check_dims(op, logits, 2, "logits [N, C]");
+  check_target(op, target, logits.size(0));
+  TANDEM_CHECK(correct.dtype() == kInt64 && correct.numel() == 1, DType, op,
+               ": the counter must be a one-element int64 tensor, got ", correct.str());
+  backend_for(logits.device()).count_correct(logits.contiguous(), target.contiguous(), correct);
+}
+
+// ---- indexing ---------------------------------------------------------------------------
+
+Tensor index_select(const Tensor& x, const Tensor& index) {
+  check_same_device("index_select", {&x, &index});
+  TANDEM_CHECK(x.dim() >= 1, Shape, "index_select: cannot index a 0-d tensor");
+  TANDEM_CHECK(index.dtype() == kInt64, DType, "index_select: index must be int64, got ",
+               dtype_name(index.dtype()));
+  check_dims("index_select", index, 1, "a 1-D index");
+  Shape shape = x.shape();
+  shape[0] = index.size(0);
+  Tensor out(shape, x.dtype(), x.device());
+  backend_for(x.device()).index_select(x.contiguous(), index.contiguous(), out);
+  return out;
+}
+
+Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape) {
+  check_same_device("index_add", {&src, &index});
+  TANDEM_CHECK(!shape.empty(), Shape, "index_add: the output must have at least one dim");
+  TANDEM_CHECK(index.dtype() == kInt64, DType, "index_add: index must be int64, got ",
+               dtype_name(index.dtype()));
+  check_dims("index_add", index, 1, "a 1-D index");
+  Shape src_shape = shape;
+  src_shape[0] = index.size(0);
+  check_shape("index_add", src, src_shape, "src");
+  Tensor out(shape, src.dtype(), src.device());
+  out.zero_();
+  backend_for(src.device()).index_add(src.contiguous(), index.contiguous(), out);
+  return out;
+}
+
+// ---- batch norm -------------------------------------------------------------------------
+
+BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& running_mean, const Tensor& running_var,
+                                 double momentum, double eps) {
+  const char* op = "batch_norm";
+  check_same_device(op, {&x, &running_mean, &running_var});
+  check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
+  check_in_place(op, running_mean, "running_mean");
+  check_in_place(op, running_var, "running_var");
+  const int64_t c = x.size(1);
+  TANDEM_CHECK(c > 0 && x.numel() / c > 1, Value, op,
+               ": training needs more than one value per channel, got input ", shape_str(x.shape()));
+  BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
+                    Tensor({c}, x.dtype(), x.device())};
+  backend_for(x.device()).batch_norm_forward_train(
+      x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean,
+      running_var, momentum, eps, r.y, r.save_mean, r.save_invstd);
+  return r;
+}
+
+Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, double eps) {
+  const char* op = "batch_norm";
+  check_same_device(op, {&x, &running_mean, &running_var});
+  check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
+  const int64_t c = x.size(1);
+  Tensor y(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).batch_norm_forward_eval(x.contiguous(), or_full(gamma, c, 1.0, x),
+                                                  or_full(beta, c, 0.0, x),
+                                                  running_mean.contiguous(),
+                                                  running_var.contiguous(), eps, y);
+  return y;
+}
+
+BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd) {
+  const char* op = "batch_norm_backward";
+  check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
+  check_same_dtype(op, {&dy, &x});
+  check_bn_args(op, x, {&gamma, &save_mean, &save_invstd});
+  check_shape(op, dy, x.shape(), "dy");
+  const int64_t c = x.size(1);
+  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
+                   Tensor({c}, x.dtype(), x.device())};
+  backend_for(x.device()).batch_norm_backward(dy.contiguous(), x.contiguous(),
+                                              or_full(gamma, c, 1.0, x), save_mean.contiguous(),
+                                              save_invstd.contiguous(), g.dx, g.dgamma, g.dbeta);
+  return g;
+}
+
+// ---- optimizer steps --------------------------------------------------------------------
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+              const SgdParams& p) {
+  const char* op = "sgd_step";
+  check_same_device(op, {&param});
+  check_floating(op, param);
+  check_optim_arg(op, param, grad, "grad");
+  check_in_place(op, param, "param");
+  TANDEM_CHECK(p.lr >= 0 && p.momentum >= 0 && p.weight_decay >= 0, Value, op,
+               ": lr, momentum and weight_decay must be >= 0, got ", p.lr, ", ", p.momentum, ", ",
+               p.weight_decay);
+  TANDEM_CHECK(!p.nesterov || (p.momentum > 0 && p.dampening == 0), Value, op,
+               ": nesterov needs momentum > 0 and dampening 0");
+  if (p.momentum != 0) {
+    TANDEM_CHECK(momentum_buf.defined(), Value, op, ": momentum ", p.momentum,
+                 " needs a momentum buffer");
+    check_optim_arg(op, param, momentum_buf, "momentum_buf");
+    check_in_place(op, momentum_buf, "momentum_buf");
+  }
+  backend_for(param.device()).sgd_step(param, grad.contiguous(), momentum_buf, p);
+}
+
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+               const AdamParams& p) {
+  const char* op = "adam_step";
+  check_same_device(op, {&param});
+  check_floating(op, param);
+  check_optim_arg(op, param, grad, "grad");
+  check_optim_arg(op, param, m, "m");
+  check_optim_arg(op, param, v, "v");
+  check_in_place(op, param, "param");
+  check_in_place(op, m, "m");
+  check_in_place(op, v, "v");
+  TANDEM_CHECK(p.step >= 1, Value, op, ": step is 1-based, got ", p.step);
+  TANDEM_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, Value, op,
+               ": betas must be in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
+  backend_for(param.device()).adam_step(param, grad.contiguous(), m, v, p);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,41 @@
+#include "nn/batchnorm.h"
+
+#include "autograd/ops.h"
+#include "core/error.h"
+
+namespace tandem::nn {
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
+    : c_(num_features), eps_(eps), momentum_(momentum) {
+  TANDEM_CHECK(c_ > 0, Value, "BatchNorm2d: num_features must be positive, got ", c_);
+  TANDEM_CHECK(eps_ > 0, Value, "BatchNorm2d: eps must be positive, got ", eps_);
+  TANDEM_CHECK(momentum_ >= 0 && momentum_ <= 1, Value, "BatchNorm2d: momentum ", momentum_,
+               " is not in [0, 1]");
+  register_parameter("weight", ones({c_}));
+  register_parameter("bias", zeros({c_}));
+  register_buffer("running_mean", zeros({c_}));
+  register_buffer("running_var", ones({c_}));
+}
+
+void BatchNorm2d::reset_running_stats() {
+  running_mean().fill_(0.0);
+  running_var().fill_(1.0);
+}
+
+std::string BatchNorm2d::extra_repr() const {
+  return detail::str(c_, ", eps=", eps_, ", momentum=", momentum_);
+}
+
+Tensor BatchNorm2d::forward_impl(const Tensor& x) {
+  TANDEM_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_, Shape, "BatchNorm2d(", c_,
+               "): input ", shape_str(x.shape()), " is not [N, ", c_, ", H, W] or [N, ", c_, "]");
+  if (is_training()) {
+    // The unbiased variance divides by (elements per channel - 1).
+    TANDEM_CHECK(x.numel() / c_ > 1, Value, "BatchNorm2d: training needs more than one value per "
+                 "channel, got input ", shape_str(x.shape()));
+  }
+  return batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_,
+                    eps_);
+}
+
+}  // namespace tandem::nn

@@ -1,0 +1,36 @@
+#pragma once
+// Conv2d.
+#include "core/generator.h"
+#include "kernels/backend.h"
+#include "nn/module.h"
+
+namespace tandem::nn {
+
+// 2-D cross-correlation with a square kernel. x [N, in, H, W], weight [out, in, k, k],
+// bias [out]; y [N, out, P, Q] with P = (H + 2 * padding - k) / stride + 1 (Q likewise).
+// Initialized like PyTorch (init::default_layer_init_), drawing from `gen`.
+class Conv2d : public Cloneable<Conv2d> {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, bool bias = true, Generator& gen = default_generator());
+
+  const Tensor& weight() const { return parameter("weight"); }  // [out, in, k, k]
+  Tensor bias() const { return find_parameter("bias"); }        // [out] or undefined
+  int64_t in_channels() const { return in_; }
+  int64_t out_channels() const { return out_; }
+  int64_t kernel_size() const { return kernel_; }
+  Conv2dParams params() const { return {stride_, stride_, padding_, padding_}; }
+  // Redraws weight and bias with PyTorch's default initialization.
+  void reset_parameters(Generator& gen = default_generator());
+
+  std::string name() const override { return "Conv2d"; }
+  std::string extra_repr() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+
+ private:
+  int64_t in_, out_, kernel_, stride_, padding_;
+};
+
+}  // namespace tandem::nn

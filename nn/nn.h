@@ -1,0 +1,17 @@
+#pragma once
+// Everything in nn/: modules, layers, losses, initialization, optimizers and models.
+#include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/container.h"
+#include "nn/conv.h"
+#include "nn/init.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/models/lenet.h"
+#include "nn/models/resnet.h"
+#include "nn/module.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/optimizer.h"
+#include "nn/optim/sgd.h"
+#include "nn/pooling.h"
+#include "nn/residual.h"

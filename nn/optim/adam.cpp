@@ -1,0 +1,31 @@
+#include "nn/optim/adam.h"
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace tandem::nn::optim {
+
+Adam::Adam(std::vector<Tensor> params, double lr, std::pair<double, double> betas, double eps,
+           double weight_decay, bool decoupled_weight_decay)
+    : Optimizer(std::move(params), lr), beta1_(betas.first), beta2_(betas.second), eps_(eps),
+      weight_decay_(weight_decay), decoupled_(decoupled_weight_decay),
+      m_(this->params().size()), v_(this->params().size()), steps_(this->params().size(), 0) {
+  TANDEM_CHECK(beta1_ >= 0 && beta1_ < 1 && beta2_ >= 0 && beta2_ < 1, Value,
+               "Adam: betas must be in [0, 1), got (", beta1_, ", ", beta2_, ")");
+  TANDEM_CHECK(eps_ >= 0, Value, "Adam: eps must be >= 0, got ", eps_);
+  TANDEM_CHECK(weight_decay_ >= 0, Value, "Adam: weight_decay must be >= 0, got ", weight_decay_);
+}
+
+void Adam::update(size_t index, const Tensor& param, const Tensor& grad) {
+  AdamParams p;
+  p.lr = lr();
+  p.beta1 = beta1_;
+  p.beta2 = beta2_;
+  p.eps = eps_;
+  p.weight_decay = weight_decay_;
+  p.decoupled_weight_decay = decoupled_;
+  p.step = ++steps_[index];
+  kernels::adam_step(param, grad, state_like(m_[index], param), state_like(v_[index], param), p);
+}
+
+}  // namespace tandem::nn::optim

@@ -1,0 +1,56 @@
+#pragma once
+// The device API a multi-device program uses, in one place.
+//
+// core/device.h already has the primitives (Device, DeviceGuard, the thread-local current
+// device, cuda_device_count, synchronize); this header re-exports them into
+// tandem::parallel and adds what data-parallel code needs on top: device lists (built,
+// validated), synchronizing a list, and peer access between GPUs.
+//
+// Virtual CPU devices (cpu:0, cpu:1, ...) are as many as asked for: each is driven by its own
+// host thread in parallel code, so every multi-device path runs without a GPU.
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/stream.h"
+
+namespace tandem::parallel {
+
+using ::tandem::current_device;
+using ::tandem::cuda_available;
+using ::tandem::cuda_device_count;
+using ::tandem::Device;
+using ::tandem::DeviceGuard;
+using ::tandem::nccl_available;
+using ::tandem::set_current_device;
+using ::tandem::synchronize;
+using ::tandem::synchronize_all;
+
+// Number of visible GPUs (0 without CUDA, driver or device; never throws). Like
+// torch.cuda.device_count().
+inline int device_count() { return cuda_device_count(); }
+
+// cuda:0 .. cuda:n-1 (n = -1: every visible GPU). DeviceError when fewer than n exist.
+std::vector<Device> cuda_devices(int n = -1);
+// cpu:0 .. cpu:n-1 (virtual CPU devices). ValueError when n < 1.
+std::vector<Device> cpu_devices(int n);
+// n GPUs when that many are visible, otherwise n virtual CPU devices: what examples and
+// benchmarks use to run anywhere.
+std::vector<Device> default_devices(int n);
+
+// Throws (naming `who` and the list) unless `devices` is a usable device list: not empty, no
+// device twice, not CPU and CUDA mixed (ValueError), every device exists (DeviceError).
+void check_device_list(const std::vector<Device>& devices, const std::string& who);
+// "[cpu:0, cpu:1]" for messages.
+std::string devices_str(const std::vector<Device>& devices);
+
+// Blocks the host until all queued work on each device has finished (no-op for CPU devices).
+void synchronize(const std::vector<Device>& devices);
+
+// Enables direct GPU-to-GPU access (NVLink / PCIe peer copies) between every pair of the CUDA
+// devices in the list; already enabled pairs are fine. Returns true when every pair has it,
+// false when some pair cannot (copies between those then go through the host, still correct).
+// A no-op returning true for CPU devices and single devices.
+bool enable_peer_access(const std::vector<Device>& devices);
+
+}  // namespace tandem::parallel

@@ -1,0 +1,121 @@
+#include "parallel/workers.h"
+
+#include "autograd/grad_mode.h"
+#include "core/error.h"
+#include "parallel/device_api.h"
+
+namespace tandem::parallel {
+
+namespace {
+
+thread_local const DeviceWorkers* t_owner = nullptr;  // the pool this thread works for
+
+// Rethrows `e` as the same tandem error type with `prefix` in front of its message, so a
+// caller can still catch ShapeError etc. and see which device failed.
+[[noreturn]] void rethrow_with_prefix(std::exception_ptr e, const std::string& prefix) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const FormatError& x) { throw FormatError(prefix + x.what());
+  } catch (const IOError& x) { throw IOError(prefix + x.what());
+  } catch (const ShapeError& x) { throw ShapeError(prefix + x.what());
+  } catch (const DeviceError& x) { throw DeviceError(prefix + x.what());
+  } catch (const DTypeError& x) { throw DTypeError(prefix + x.what());
+  } catch (const ValueError& x) { throw ValueError(prefix + x.what());
+  } catch (const CublasError& x) { throw CublasError(prefix + x.what());
+  } catch (const CudnnError& x) { throw CudnnError(prefix + x.what());
+  } catch (const CudaError& x) { throw CudaError(prefix + x.what());
+  } catch (const NcclError& x) { throw NcclError(prefix + x.what());
+  } catch (const std::exception& x) { throw Error(prefix + x.what());
+  } catch (...) { throw Error(prefix + "unknown exception");
+  }
+}
+
+}  // namespace
+
+DeviceWorkers::DeviceWorkers(std::vector<Device> devices) : devices_(std::move(devices)) {
+  check_device_list(devices_, "DeviceWorkers");
+  for (size_t rank = 0; rank < devices_.size(); ++rank) {
+    streams_.push_back(current_stream(devices_[rank]));
+  }
+  errors_.resize(devices_.size());
+  threads_.reserve(devices_.size());
+  for (size_t rank = 0; rank < devices_.size(); ++rank) {
+    threads_.emplace_back([this, rank] { loop(rank); });
+  }
+}
+
+DeviceWorkers::~DeviceWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+bool DeviceWorkers::in_worker() const { return t_owner == this; }
+
+void DeviceWorkers::loop(size_t rank) {
+  t_owner = this;
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    const auto* job = job_;
+    const bool grad = grad_enabled_;
+    const Stream stream = streams_[rank];
+    lock.unlock();
+
+    std::exception_ptr error;
+    try {
+      // The device stays current between runs: set it only the first time.
+      if (current_device() != devices_[rank]) set_current_device(devices_[rank]);
+      set_grad_enabled(grad);
+      StreamGuard stream_guard(stream);
+      (*job)(rank);
+    } catch (...) {
+      error = std::current_exception();
+    }
+
+    lock.lock();
+    errors_[rank] = error;
+    if (--pending_ == 0) done_cv_.notify_all();
+  }
+}
+
+void DeviceWorkers::run(const std::function<void(size_t rank)>& fn) {
+  TANDEM_CHECK(!in_worker(), Error, "DeviceWorkers::run called from one of its own workers (",
+               current_device().str(), "): a nested run would deadlock");
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &fn;
+  grad_enabled_ = grad_enabled();
+  for (size_t rank = 0; rank < devices_.size(); ++rank) {
+    streams_[rank] = current_stream(devices_[rank]);
+    errors_[rank] = nullptr;
+  }
+  pending_ = devices_.size();
+  ++generation_;
+  start_cv_.notify_all();
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  job_ = nullptr;
+
+  size_t failed = 0, first = 0;
+  for (size_t rank = errors_.size(); rank-- > 0;) {
+    if (errors_[rank]) {
+      ++failed;
+      first = rank;
+    }
+  }
+  if (failed == 0) return;
+  std::exception_ptr error = errors_[first];
+  errors_.assign(errors_.size(), nullptr);
+  lock.unlock();
+  std::string prefix = detail::str("worker ", first, " (", devices_[first].str(), ")");
+  if (failed > 1) prefix += detail::str(" and ", failed - 1, " more of ", devices_.size());
+  rethrow_with_prefix(error, prefix + " failed: ");
+}
+
+}  // namespace tandem::parallel
