@@ -11,6 +11,16 @@ namespace tandem::autograd {
 // the stack); gradients for a node's output are summed before the node runs; leaf gradients
 // are accumulated with += into .grad and the leaf's hooks fire once its gradient is final.
 // The graph is freed unless retain_graph.
+//
+// Details a caller may rely on:
+// - Ready nodes run latest-created first; a leaf's AccumulateGrad runs as soon as it is ready,
+//   so each leaf's hooks fire as early as possible (FIFO among leaves: a deterministic order).
+// - A node none of whose outputs received a gradient is skipped (zero in, zero out); a leaf
+//   that receives no gradient keeps its .grad and its hooks do not fire.
+// - Backward runs with grad mode off: hooks may call any op without growing a graph, and
+//   gradients of gradients are not supported.
+// - No host synchronization: every step enqueues kernels on the current streams.
+// - Running backward again through a graph freed by an earlier backward throws Error.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph = false);
 

@@ -1,6 +1,8 @@
 #pragma once
 // Differentiable operations. Each computes its result with kernels/ops.h and, when grad mode
 // is on and an input requires grad, records a Node whose backward captures only what it needs.
+// Backward functions are built from kernels:: ops (which record nothing): gradients of
+// gradients (double backward) are not supported.
 #include <vector>
 
 #include "core/tensor.h"

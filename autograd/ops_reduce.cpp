@@ -73,7 +73,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 // ties never split or duplicate it. The reduced dims are permuted to the end and flattened,
 // x becomes [R, C], argmax gives one column per row, and a one-hot mask built by comparing
 // that column with arange(C) routes g there. Comparing in x's dtype is exact for C < 2^24
-// in float32. Everything stays on the device: no host read of the indices.
+// in float32. The indices are never read on the host; arange(C) is a small host-to-device
+// upload (no synchronization), the one host step, acceptable for an op that training loops
+// rarely differentiate (pooling has its own fused backward).
 Tensor max(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor y = kernels::max(x, dims, keepdim);
   if (autograd::any_requires_grad({&x})) {

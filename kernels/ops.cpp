@@ -104,7 +104,9 @@ Tensor reduce_over(const char* op, const Tensor& x, const std::vector<bool>& red
     perm.push_back(d);
     cols *= x.size(d);
   }
-  Tensor rows_x = x.permute(perm).contiguous().view({rows, cols});
+  // An empty input has no data to move; a fresh [R, C] tensor stands in for it.
+  Tensor rows_x = x.numel() == 0 ? Tensor({rows, cols}, x.dtype(), x.device())
+                                 : x.permute(perm).contiguous().view({rows, cols});
   Tensor out({rows}, out_dtype, x.device());
   kernel(rows_x, out, cols);
   return out.view(keepdim ? keep_shape : kept);

@@ -4,8 +4,12 @@
 
 namespace tandem::nn {
 
-Tensor ReLU::forward_impl(const Tensor& x) { return relu(x); }
+Tensor ReLU::forward_impl(const Tensor& x) {
+  return relu(x);
+}
 
-Tensor Sigmoid::forward_impl(const Tensor& x) { return sigmoid(x); }
+Tensor Sigmoid::forward_impl(const Tensor& x) {
+  return sigmoid(x);
+}
 
 }  // namespace tandem::nn

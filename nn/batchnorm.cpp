@@ -31,8 +31,10 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x) {
                "): input ", shape_str(x.shape()), " is not [N, ", c_, ", H, W] or [N, ", c_, "]");
   if (is_training()) {
     // The unbiased variance divides by (elements per channel - 1).
-    TANDEM_CHECK(x.numel() / c_ > 1, Value, "BatchNorm2d: training needs more than one value per "
-                 "channel, got input ", shape_str(x.shape()));
+    TANDEM_CHECK(x.numel() / c_ > 1, Value,
+                 "BatchNorm2d: training needs more than one value per "
+                 "channel, got input ",
+                 shape_str(x.shape()));
   }
   return batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_,
                     eps_);

@@ -8,7 +8,10 @@ namespace tandem::nn {
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride,
                int64_t padding, bool bias, Generator& gen)
-    : in_(in_channels), out_(out_channels), kernel_(kernel_size), stride_(stride),
+    : in_(in_channels),
+      out_(out_channels),
+      kernel_(kernel_size),
+      stride_(stride),
       padding_(padding) {
   TANDEM_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0 && stride_ > 0 && padding_ >= 0, Value,
                "Conv2d: invalid configuration in_channels=", in_, " out_channels=", out_,
@@ -18,7 +21,9 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, i
   reset_parameters(gen);
 }
 
-void Conv2d::reset_parameters(Generator& gen) { init::default_layer_init_(weight(), bias(), gen); }
+void Conv2d::reset_parameters(Generator& gen) {
+  init::default_layer_init_(weight(), bias(), gen);
+}
 
 std::string Conv2d::extra_repr() const {
   return detail::str(in_, ", ", out_, ", kernel_size=", kernel_, ", stride=", stride_,

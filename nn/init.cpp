@@ -33,10 +33,14 @@ double calculate_gain(Nonlinearity nl, double param) {
   switch (nl) {
     case Nonlinearity::Linear:
     case Nonlinearity::Conv:
-    case Nonlinearity::Sigmoid: return 1.0;
-    case Nonlinearity::Tanh: return 5.0 / 3.0;
-    case Nonlinearity::Relu: return std::sqrt(2.0);
-    case Nonlinearity::LeakyRelu: return std::sqrt(2.0 / (1.0 + param * param));
+    case Nonlinearity::Sigmoid:
+      return 1.0;
+    case Nonlinearity::Tanh:
+      return 5.0 / 3.0;
+    case Nonlinearity::Relu:
+      return std::sqrt(2.0);
+    case Nonlinearity::LeakyRelu:
+      return std::sqrt(2.0 / (1.0 + param * param));
   }
   TANDEM_THROW(Value, "calculate_gain: unknown nonlinearity");
 }
@@ -71,8 +75,12 @@ void constant_(const Tensor& t, double value) {
   t.fill_(value);
 }
 
-void zeros_(const Tensor& t) { constant_(t, 0.0); }
-void ones_(const Tensor& t) { constant_(t, 1.0); }
+void zeros_(const Tensor& t) {
+  constant_(t, 0.0);
+}
+void ones_(const Tensor& t) {
+  constant_(t, 1.0);
+}
 
 void xavier_uniform_(const Tensor& t, double gain, Generator& gen) {
   check_floating(t, "xavier_uniform_");

@@ -10,14 +10,16 @@ namespace tandem::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen)
     : in_(in_features), out_(out_features) {
-  TANDEM_CHECK(in_ > 0 && out_ > 0, Value, "Linear: sizes must be positive, got in_features=",
-               in_, " out_features=", out_);
+  TANDEM_CHECK(in_ > 0 && out_ > 0, Value, "Linear: sizes must be positive, got in_features=", in_,
+               " out_features=", out_);
   register_parameter("weight", empty({out_, in_}));
   if (bias) register_parameter("bias", empty({out_}));
   reset_parameters(gen);
 }
 
-void Linear::reset_parameters(Generator& gen) { init::default_layer_init_(weight(), bias(), gen); }
+void Linear::reset_parameters(Generator& gen) {
+  init::default_layer_init_(weight(), bias(), gen);
+}
 
 std::string Linear::extra_repr() const {
   return detail::str("in_features=", in_, ", out_features=", out_,
@@ -30,7 +32,9 @@ Tensor Linear::forward_impl(const Tensor& x) {
   return linear(x, weight(), bias());
 }
 
-std::string Flatten::extra_repr() const { return detail::str("start_dim=", start_dim_); }
+std::string Flatten::extra_repr() const {
+  return detail::str("start_dim=", start_dim_);
+}
 
 Tensor Flatten::forward_impl(const Tensor& x) {
   TANDEM_CHECK(start_dim_ >= 0 && start_dim_ < std::max<int64_t>(x.dim(), 1), Shape,

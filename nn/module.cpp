@@ -59,8 +59,7 @@ void Module::check_new_name(const std::string& name, const char* what) const {
   TANDEM_CHECK(!name.empty(), Value, this->name(), ": empty ", what, " name");
   TANDEM_CHECK(name.find('.') == std::string::npos, Value, this->name(), ": ", what, " name '",
                name, "' contains '.'");
-  TANDEM_CHECK(!parameters_.contains(name) && !buffers_.contains(name) &&
-                   !children_.contains(name),
+  TANDEM_CHECK(!parameters_.contains(name) && !buffers_.contains(name) && !children_.contains(name),
                Value, this->name(), ": ", what, " name '", name, "' is already registered");
 }
 
@@ -133,9 +132,13 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
   return named_parameters(recurse).values();
 }
 
-std::vector<Tensor> Module::buffers(bool recurse) const { return named_buffers(recurse).values(); }
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  return named_buffers(recurse).values();
+}
 
-std::vector<std::shared_ptr<Module>> Module::children() const { return children_.values(); }
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  return children_.values();
+}
 
 void Module::apply(const std::function<void(Module&)>& fn) {
   for (auto& [name, c] : children_) c->apply(fn);
@@ -204,7 +207,8 @@ void Module::zero_grad(bool set_to_none) {
 namespace {
 // PyTorch's order: per module, its parameters then its buffers, then its children.
 void state_into(const Module& m, const std::string& prefix, StateDict& out) {
-  for (const auto& [name, p] : m.named_parameters(false)) out.insert(join(prefix, name), p.detach());
+  for (const auto& [name, p] : m.named_parameters(false))
+    out.insert(join(prefix, name), p.detach());
   for (const auto& [name, b] : m.named_buffers(false)) out.insert(join(prefix, name), b.detach());
   for (const auto& [name, c] : m.named_children()) state_into(*c, join(prefix, name), out);
 }

@@ -1,5 +1,8 @@
 #pragma once
-// Everything in nn/: modules, layers, losses, initialization, optimizers and models.
+// Everything in nn/: modules, layers, losses, initialization, optimizers and models, plus the
+// differentiable ops and grad mode they are used with.
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/container.h"
@@ -7,6 +10,7 @@
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
+#include "nn/models/init_cnn.h"
 #include "nn/models/lenet.h"
 #include "nn/models/resnet.h"
 #include "nn/module.h"

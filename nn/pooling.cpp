@@ -34,7 +34,9 @@ std::string repr(const Pool2dParams& p) {
 AvgPool2d::AvgPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
     : p_(make_params("AvgPool2d", kernel_size, stride, padding)) {}
 
-std::string AvgPool2d::extra_repr() const { return repr(p_); }
+std::string AvgPool2d::extra_repr() const {
+  return repr(p_);
+}
 
 Tensor AvgPool2d::forward_impl(const Tensor& x) {
   check_input("AvgPool2d", x, p_);
@@ -44,7 +46,9 @@ Tensor AvgPool2d::forward_impl(const Tensor& x) {
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
     : p_(make_params("MaxPool2d", kernel_size, stride, padding)) {}
 
-std::string MaxPool2d::extra_repr() const { return repr(p_); }
+std::string MaxPool2d::extra_repr() const {
+  return repr(p_);
+}
 
 Tensor MaxPool2d::forward_impl(const Tensor& x) {
   check_input("MaxPool2d", x, p_);

@@ -8,11 +8,13 @@ namespace tandem::nn {
 Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride,
                    Generator& gen)
     : use_1x1conv_(use_1x1conv) {
-  TANDEM_CHECK(use_1x1conv || (in_channels == out_channels && stride == 1), Value,
-               "Residual(", in_channels, ", ", out_channels, ", stride=", stride,
+  TANDEM_CHECK(use_1x1conv || (in_channels == out_channels && stride == 1), Value, "Residual(",
+               in_channels, ", ", out_channels, ", stride=", stride,
                "): an identity shortcut needs in == out channels and stride 1; use_1x1conv");
-  register_module("conv1", std::make_shared<Conv2d>(in_channels, out_channels, 3, stride, 1, true, gen));
-  register_module("conv2", std::make_shared<Conv2d>(out_channels, out_channels, 3, 1, 1, true, gen));
+  register_module("conv1",
+                  std::make_shared<Conv2d>(in_channels, out_channels, 3, stride, 1, true, gen));
+  register_module("conv2",
+                  std::make_shared<Conv2d>(out_channels, out_channels, 3, 1, 1, true, gen));
   if (use_1x1conv) {
     register_module("conv3",
                     std::make_shared<Conv2d>(in_channels, out_channels, 1, stride, 0, true, gen));

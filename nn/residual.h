@@ -13,8 +13,8 @@ namespace tandem::nn {
 // Children are registered in d2l's order: conv1, conv2, [conv3], bn1, bn2.
 class Residual : public Cloneable<Residual> {
  public:
-  Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false,
-           int64_t stride = 1, Generator& gen = default_generator());
+  Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false, int64_t stride = 1,
+           Generator& gen = default_generator());
 
   Conv2d& conv1() const { return child_as<Conv2d>("conv1"); }
   Conv2d& conv2() const { return child_as<Conv2d>("conv2"); }

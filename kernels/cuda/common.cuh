@@ -148,17 +148,11 @@ __host__ __device__ constexpr T lowest_value() {
   }
 }
 
-// Accumulator type of a reduction: the type itself, and int64 for uint8 (sums would wrap).
+// Accumulator type of sums, as on the CPU: double for floating types (a float32 sum of 10^6
+// terms loses digits otherwise; the kernels are memory-bound, so it costs nothing), int64 for
+// integers.
 template <typename T>
-struct AccOf {
-  using type = T;
-};
-template <>
-struct AccOf<uint8_t> {
-  using type = int64_t;
-};
-template <typename T>
-using acc_t = typename AccOf<T>::type;
+using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
 
 // ---- warp and block reductions ---------------------------------------------------------------
 //
@@ -173,29 +167,37 @@ struct ArgMax {
   int64_t index;
 };
 
+// (uint8 values travel as int: there is no 8-bit shuffle.)
 template <typename T>
 __device__ __forceinline__ T shfl_xor(T v, int mask) {
-  return __shfl_xor_sync(0xffffffffu, v, mask);
+  return static_cast<T>(__shfl_xor_sync(0xffffffffu, v, mask));
 }
 template <typename T>
 __device__ __forceinline__ ArgMax<T> shfl_xor(ArgMax<T> v, int mask) {
-  return {__shfl_xor_sync(0xffffffffu, v.value, mask),
-          __shfl_xor_sync(0xffffffffu, v.index, mask)};
+  return {shfl_xor(v.value, mask), shfl_xor(v.index, mask)};
 }
 
 struct SumOp {
   template <typename A>
   __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
 };
+// Maximum in which a NaN wins, as on the CPU (and in torch.max).
 struct MaxOp {
   template <typename A>
-  __device__ __forceinline__ A operator()(A a, A b) const { return b > a ? b : a; }
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    if (a != a) return a;
+    return (b > a || b != b) ? b : a;
+  }
 };
+// First maximum: a NaN beats any number (the first NaN wins), then the larger value, then the
+// lower index. The identity is {lowest_value<T>(), INT64_MAX}.
 struct ArgMaxOp {
   template <typename T>
   __device__ __forceinline__ ArgMax<T> operator()(ArgMax<T> a, ArgMax<T> b) const {
-    if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
-    return a;
+    const bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+    if (a_nan != b_nan) return a_nan ? a : b;
+    if (!a_nan && a.value != b.value) return a.value > b.value ? a : b;
+    return a.index <= b.index ? a : b;
   }
 };
 
@@ -226,6 +228,30 @@ __device__ V block_reduce(V v, Op op, V identity) {
   }
   __syncthreads();
   return partial[0];
+}
+
+// ---- per-channel loops ---------------------------------------------------------------------
+//
+// Calls f(offset) for the elements of channel c of a contiguous [N, C, HW] tensor that belong
+// to this thread: the flat channel indices threadIdx.x, threadIdx.x + blockDim.x, ... The
+// (image, position) pair advances by a precomputed step instead of a division per element.
+template <typename F>
+__device__ __forceinline__ void for_channel(int64_t n, int64_t channels, int64_t hw, int64_t c,
+                                            F f) {
+  const int64_t count = n * hw;
+  if (count == 0) return;
+  const int64_t block = blockDim.x;
+  const int64_t step_img = block / hw, step_pos = block - step_img * hw;
+  int64_t img = threadIdx.x / hw, pos = threadIdx.x - img * hw;
+  for (int64_t i = threadIdx.x; i < count; i += block) {
+    f((img * channels + c) * hw + pos);
+    img += step_img;
+    pos += step_pos;
+    if (pos >= hw) {
+      pos -= hw;
+      ++img;
+    }
+  }
 }
 
 }  // namespace tandem::gpu

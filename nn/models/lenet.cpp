@@ -2,8 +2,8 @@
 
 #include "nn/activation.h"
 #include "nn/conv.h"
-#include "nn/init.h"
 #include "nn/linear.h"
+#include "nn/models/init_cnn.h"
 #include "nn/pooling.h"
 
 namespace tandem::nn::models {
@@ -27,16 +27,10 @@ std::shared_ptr<Sequential> lenet(const LeNetOptions& options, Generator& gen) {
   auto net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(1, 6, 5, 1, 2, true, gen), activation(a), pool(a),
       std::make_shared<Conv2d>(6, 16, 5, 1, 0, true, gen), activation(a), pool(a),
-      std::make_shared<Flatten>(),
-      std::make_shared<Linear>(16 * 5 * 5, 120, true, gen), activation(a),
-      std::make_shared<Linear>(120, 84, true, gen), activation(a),
+      std::make_shared<Flatten>(), std::make_shared<Linear>(16 * 5 * 5, 120, true, gen),
+      activation(a), std::make_shared<Linear>(120, 84, true, gen), activation(a),
       std::make_shared<Linear>(84, options.num_classes, true, gen)});
-  // d2l's recipe: Xavier-uniform weights. Biases start at zero.
-  net->apply([&gen](Module& m) {
-    if (dynamic_cast<Conv2d*>(&m) == nullptr && dynamic_cast<Linear*>(&m) == nullptr) return;
-    init::xavier_uniform_(m.parameter("weight"), 1.0, gen);
-    init::zeros_(m.parameter("bias"));
-  });
+  init_cnn(*net, gen);
   return net;
 }
 

@@ -4,6 +4,7 @@
 #include "nn/batchnorm.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
+#include "nn/models/init_cnn.h"
 #include "nn/pooling.h"
 #include "nn/residual.h"
 
@@ -32,11 +33,13 @@ std::shared_ptr<Sequential> resnet18(int64_t num_classes, int64_t in_channels, G
   auto stem = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(in_channels, 64, 3, 1, 1, true, gen),
       std::make_shared<BatchNorm2d>(64), std::make_shared<ReLU>()});
-  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+  auto net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
       stem, stage(64, 64, 2, true, gen), stage(64, 128, 2, false, gen),
       stage(128, 256, 2, false, gen), stage(256, 512, 2, false, gen),
       std::make_shared<GlobalAvgPool2d>(), std::make_shared<Flatten>(),
       std::make_shared<Linear>(512, num_classes, true, gen)});
+  init_cnn(*net, gen);
+  return net;
 }
 
 }  // namespace tandem::nn::models

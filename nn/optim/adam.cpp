@@ -7,9 +7,15 @@ namespace tandem::nn::optim {
 
 Adam::Adam(std::vector<Tensor> params, double lr, std::pair<double, double> betas, double eps,
            double weight_decay, bool decoupled_weight_decay)
-    : Optimizer(std::move(params), lr), beta1_(betas.first), beta2_(betas.second), eps_(eps),
-      weight_decay_(weight_decay), decoupled_(decoupled_weight_decay),
-      m_(this->params().size()), v_(this->params().size()), steps_(this->params().size(), 0) {
+    : Optimizer(std::move(params), lr),
+      beta1_(betas.first),
+      beta2_(betas.second),
+      eps_(eps),
+      weight_decay_(weight_decay),
+      decoupled_(decoupled_weight_decay),
+      m_(this->params().size()),
+      v_(this->params().size()),
+      steps_(this->params().size(), 0) {
   TANDEM_CHECK(beta1_ >= 0 && beta1_ < 1 && beta2_ >= 0 && beta2_ < 1, Value,
                "Adam: betas must be in [0, 1), got (", beta1_, ", ", beta2_, ")");
   TANDEM_CHECK(eps_ >= 0, Value, "Adam: eps must be >= 0, got ", eps_);

@@ -16,9 +16,8 @@ namespace tandem::nn::optim {
 class Adam : public Optimizer {
  public:
   // ValueError for betas outside [0, 1), a negative eps or weight decay.
-  Adam(std::vector<Tensor> params, double lr = 1e-3,
-       std::pair<double, double> betas = {0.9, 0.999}, double eps = 1e-8,
-       double weight_decay = 0.0, bool decoupled_weight_decay = false);
+  Adam(std::vector<Tensor> params, double lr = 1e-3, std::pair<double, double> betas = {0.9, 0.999},
+       double eps = 1e-8, double weight_decay = 0.0, bool decoupled_weight_decay = false);
 
   std::pair<double, double> betas() const { return {beta1_, beta2_}; }
   double eps() const { return eps_; }

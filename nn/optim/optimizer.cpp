@@ -14,8 +14,8 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
     TANDEM_CHECK(p.is_leaf(), Value, "Optimizer: parameter ", i, " ", p.str(),
                  " is not a leaf tensor");
     for (size_t j = 0; j < i; ++j) {
-      TANDEM_CHECK(!params_[j].same(p), Value, "Optimizer: parameter ", i,
-                   " repeats parameter ", j);
+      TANDEM_CHECK(!params_[j].same(p), Value, "Optimizer: parameter ", i, " repeats parameter ",
+                   j);
     }
   }
   set_lr(lr);

@@ -7,8 +7,12 @@ namespace tandem::nn::optim {
 
 SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_decay,
          double dampening, bool nesterov)
-    : Optimizer(std::move(params), lr), momentum_(momentum), weight_decay_(weight_decay),
-      dampening_(dampening), nesterov_(nesterov), buffers_(this->params().size()) {
+    : Optimizer(std::move(params), lr),
+      momentum_(momentum),
+      weight_decay_(weight_decay),
+      dampening_(dampening),
+      nesterov_(nesterov),
+      buffers_(this->params().size()) {
   TANDEM_CHECK(momentum >= 0, Value, "SGD: momentum must be >= 0, got ", momentum);
   TANDEM_CHECK(weight_decay >= 0, Value, "SGD: weight_decay must be >= 0, got ", weight_decay);
   TANDEM_CHECK(!nesterov || (momentum > 0 && dampening == 0), Value,

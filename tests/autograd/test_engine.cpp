@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "autograd/engine.h"
+#include "autograd/gradcheck.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "catch.h"
@@ -152,7 +153,7 @@ TEST_CASE("detach shares storage and cuts history", "[autograd]") {
   REQUIRE(values(x.grad()) == std::vector<double>{3.0, 6.0});
 }
 
-TEST_CASE("a 10,000-op chain runs backward and is freed without recursion", "[autograd]") {
+TEST_CASE("a 10000-op chain runs backward and is freed without recursion", "[autograd]") {
   Tensor x = leaf_of({1.0});
   Tensor y = x;
   for (int i = 0; i < 10000; ++i) y = y * 1.0001;
@@ -191,4 +192,27 @@ TEST_CASE("leaf grads accumulate in float32 as well", "[autograd]") {
   loss.backward();
   REQUIRE(w.grad().dtype() == kFloat32);
   REQUIRE(w.grad().shape() == Shape{3, 2});
+}
+
+TEST_CASE("gradcheck reports a wrong backward and rejects float32 inputs", "[autograd]") {
+  manual_seed(4);
+  Tensor x = uniform({2, 3}, -1.0, 1.0, kFloat64);
+  x.set_requires_grad();
+  auto wrong_double = [](const std::vector<Tensor>& in) {
+    Tensor y = kernels::scalar(ScalarOp::Mul, in[0], 2.0);
+    autograd::record("WrongDouble", {in[0]}, {y}, [](autograd::TensorList&& g) -> autograd::TensorList {
+      return {kernels::scalar(ScalarOp::Mul, g[0], 3.0)};  // should be 2
+    });
+    return y;
+  };
+  autograd::GradcheckResult r = autograd::gradcheck(wrong_double, {x});
+  INFO(r.message);
+  REQUIRE_FALSE(r.ok);
+  REQUIRE(r.message.find("input 0") != std::string::npos);
+  REQUIRE(r.max_abs_error > 0.1);
+  REQUIRE(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0] * 2.0; }, {x}).ok);
+  Tensor f = randn({2});
+  f.set_requires_grad();
+  REQUIRE_THROWS_AS(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {f}),
+                    DTypeError);
 }

@@ -8,7 +8,7 @@ using tandem::test::leaf;
 using tandem::test::leaf_away_from_zero;
 using V = std::vector<Tensor>;
 
-TEST_CASE("gradcheck add/sub/mul/div, same shape and broadcasting", "[autograd]") {
+TEST_CASE("gradcheck add sub mul div with and without broadcasting", "[autograd]") {
   manual_seed(11);
   struct Case {
     Shape a, b;

@@ -1,13 +1,15 @@
 // Float64 finite-difference checks of the shape ops and the neural-network ops.
 #include "autograd/ops.h"
 #include "gradcheck_util.h"
+#include "helpers.h"
 
 using namespace tandem;
 using tandem::test::check_gradients;
 using tandem::test::leaf;
+using tandem::test::values;
 using V = std::vector<Tensor>;
 
-TEST_CASE("gradcheck reshape, flatten, transpose, slice", "[autograd]") {
+TEST_CASE("gradcheck reshape flatten transpose slice", "[autograd]") {
   manual_seed(21);
   Tensor x = leaf({2, 3, 4});
   check_gradients([](const V& in) { return reshape(in[0], {4, -1}); }, {x});
@@ -29,7 +31,7 @@ TEST_CASE("gradcheck index_select with repeated indices", "[autograd]") {
   check_gradients([idx](const V& in) { return index_select(in[0], idx); }, {x});
 }
 
-TEST_CASE("gradcheck cat along dims, one input constant", "[autograd]") {
+TEST_CASE("gradcheck cat along several dims with a constant input", "[autograd]") {
   manual_seed(23);
   Tensor a = leaf({2, 3}), b = leaf({1, 3}), c = uniform({3, 3}, -1, 1, kFloat64);
   check_gradients([](const V& in) { return cat(in, 0); }, {a, b, c});
@@ -113,8 +115,26 @@ TEST_CASE("gradcheck batch_norm train and eval", "[autograd]") {
             return batch_norm(in[0], in[1], in[2], rmean, rvar, training, 0.1, 1e-5);
           },
           {x, gamma, beta});
+      check_gradients(  // no affine part: gamma and beta undefined
+          [&](const V& in) {
+            return batch_norm(in[0], Tensor(), Tensor(), rmean, rvar, training, 0.1, 1e-5);
+          },
+          {x});
     }
   }
+}
+
+TEST_CASE("batch_norm train updates running stats once per call", "[autograd]") {
+  manual_seed(31);
+  Tensor x = leaf({8, 2}, -1.0, 3.0);
+  Tensor rmean = zeros({2}, kFloat64), rvar = ones({2}, kFloat64);
+  Tensor y = batch_norm(x, Tensor(), Tensor(), rmean, rvar, true, 0.5, 1e-5);
+  auto xm = values(mean(x, {0}));
+  auto rm = values(rmean);
+  REQUIRE(rm[0] == Approx(0.5 * xm[0]));
+  REQUIRE(rm[1] == Approx(0.5 * xm[1]));
+  sum(y).backward();  // backward does not touch the running stats
+  REQUIRE(values(rmean) == rm);
 }
 
 TEST_CASE("batch_norm eval backward matches the affine map", "[autograd]") {

@@ -84,8 +84,8 @@ void check_clone(const Module& original) {
 TEST_CASE("Module registers parameters, buffers and children in order", "[nn]") {
   auto net = small_net();
   auto names = net->named_parameters().keys();
-  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.0.weight", "2.1.weight",
-                                          "2.1.bias"});
+  CHECK(names ==
+        std::vector<std::string>{"0.weight", "0.bias", "2.0.weight", "2.1.weight", "2.1.bias"});
   CHECK(net->named_buffers().keys() ==
         std::vector<std::string>{"2.1.running_mean", "2.1.running_var"});
   CHECK(net->state_dict().keys() ==

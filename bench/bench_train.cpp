@@ -1,0 +1,79 @@
+// Times training epochs of tandem the way bench/torch_*.py times PyTorch: data already on the
+// device, batch 256 per step, drop_last, no evaluation; the first epoch is a warm-up (cuDNN
+// algorithm search, pool growth) and the median of the rest is reported. Prints one JSON line.
+//
+//   bench_train --model lenet|resnet18 --devices cuda:0[,cuda:1] [--parallel scratch|dp]
+//               [--comm nccl|ring|naive] [--epochs 5] [--batch-size 256] [--train-limit N]
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "common/args.h"
+#include "common/train.h"
+#include "data/fashion_mnist.h"
+#include "nn/models/lenet.h"
+#include "nn/models/resnet.h"
+
+using namespace tandem;
+using namespace tandem::examples;
+
+int main(int argc, char** argv) {
+  Args args("bench_train", "Times training epochs; prints one JSON line.");
+  args.option("model", "lenet", "lenet|resnet18");
+  args.option("data", data::kFashionMnistDefaultDir, "Fashion-MNIST folder");
+  args.option("devices", "cuda:0", "devices");
+  args.option("parallel", "scratch", "scratch|dp");
+  args.option("comm", "nccl", "naive|ring|nccl");
+  args.option("epochs", "5", "epochs (the first is a warm-up)");
+  args.option("batch-size", "256", "global batch");
+  args.option("lr", "", "learning rate (lenet 0.9, resnet18 0.05)");
+  args.option("train-limit", "-1", "training images");
+  try {
+    if (!args.parse(argc, argv)) {
+      std::fputs(args.help().c_str(), stdout);
+      return 0;
+    }
+    TrainConfig cfg;
+    std::string model = args.choice("model", {"lenet", "resnet18"});
+    cfg.make_model = [model]() -> std::shared_ptr<nn::Module> {
+      Generator gen(0);
+      if (model == "lenet") return nn::models::lenet({}, gen);
+      return nn::models::resnet18(10, 1, gen);
+    };
+    cfg.devices = parse_device_list(args.str("devices"));
+    cfg.parallel = args.choice("parallel", {"scratch", "dp"});
+    cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
+    cfg.data_dir = args.str("data");
+    cfg.epochs = args.integer("epochs", 2, 1000);
+    cfg.batch_size = args.integer("batch-size", 1);
+    cfg.lr = args.given("lr") ? args.real("lr", 0, 100) : (model == "lenet" ? 0.9 : 0.05);
+    cfg.train_limit = args.integer("train-limit", -1);
+    cfg.test_limit = 1000;
+    cfg.evaluate = false;
+    cfg.drop_last = true;
+    cfg.progress = false;
+    std::vector<double> times;
+    double acc = 0, ips = 0;
+    int64_t images = 0;
+    run_training(cfg, [&](const EpochStats& s) {
+      times.push_back(s.seconds);
+      acc = s.train_acc;
+      images = static_cast<int64_t>(s.images_per_s * s.seconds + 0.5);
+      std::fprintf(stderr, "epoch %lld: %.4f s, train acc %.4f\n", static_cast<long long>(s.epoch), s.seconds, s.train_acc);
+    });
+    std::vector<double> timed(times.begin() + 1, times.end());
+    std::sort(timed.begin(), timed.end());
+    double median = timed[timed.size() / 2];
+    if (timed.size() % 2 == 0) median = 0.5 * (timed[timed.size() / 2 - 1] + timed[timed.size() / 2]);
+    ips = images / median;
+    std::string path = cfg.devices.size() == 1 ? "eager" : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
+    std::printf("{\"framework\": \"tandem\", \"model\": \"%s\", \"path\": \"%s\", \"devices\": %zu, "
+                "\"batch_size\": %lld, \"median_s\": %.5f, \"images_per_s\": %.1f, \"train_acc\": %.4f}\n",
+                model.c_str(), path.c_str(), cfg.devices.size(), static_cast<long long>(cfg.batch_size), median,
+                ips, acc);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: error: %s\n", e.what());
+    return 1;
+  }
+}

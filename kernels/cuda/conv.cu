@@ -1,0 +1,283 @@
+// 2-D convolution through cuDNN (forward, backward data, backward filter); the bias add and
+// the bias gradient are own kernels.
+//
+// Note [conv plans]: choosing a cuDNN algorithm costs far more than running a small
+// convolution, so it happens once per configuration: the descriptors, the chosen algorithm
+// and its workspace size are kept in a plan, in a thread_local map keyed by (pass, dtype,
+// device, shapes, stride, padding). Each host thread drives its own device in parallel code,
+// so plans are never shared between threads and need no lock. The algorithm comes from
+// cuDNN's heuristics (cudnnGet*_v7: no GPU work, no host sync); with the environment variable
+// TANDEM_CUDNN_BENCHMARK=1 it is instead measured once with cudnnFind*Ex, which does
+// synchronize, so warm up before capturing a CUDA graph. Among the candidates, in cuDNN's
+// order of preference, the first deterministic one that is supported and whose workspace fits
+// wins; a nondeterministic one only when none is (Note [deterministic reductions]).
+// Workspaces come from allocate() on the current stream for each call.
+//
+// Note [no TF32]: on Ampere and newer GPUs cuDNN's CUDNN_DEFAULT_MATH *permits* TF32 tensor
+// cores for float32 convolutions (10-bit mantissa inputs), which would put the results about
+// 1e-3 away from the CPU's. float32 convolutions therefore run with CUDNN_FMA_MATH (float32
+// FMA kernels only), and candidates reporting a tensor-op math type are skipped. float64 keeps
+// CUDNN_DEFAULT_MATH: its tensor cores compute in full float64.
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cudnn_util.h"
+#include "kernels/cuda/handles.h"
+
+namespace tandem {
+
+namespace gpu {
+namespace {
+
+constexpr size_t kMaxWorkspace = size_t{1} << 30;   // largest workspace a plan may use
+constexpr size_t kFindWorkspace = size_t{256} << 20;  // offered to cudnnFind*Ex
+
+enum class ConvPass : int64_t { Forward, BackwardData, BackwardFilter };
+
+struct ConvPlan {
+  TensorDesc x, y;  // x [N, C, H, W], y [N, K, P, Q]
+  FilterDesc w;     // [K, C, R, S]
+  ConvDesc conv;
+  int algo = 0;
+  size_t workspace = 0;
+};
+
+// Pointers for cudnnFind*Ex: it runs the candidates on the real buffers.
+struct ConvBuffers {
+  const void* x;
+  const void* w;
+  const void* y;
+  void* out;  // y, dx or dw, depending on the pass
+};
+
+struct FwdPass {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.d, p.w.d, p.conv.d, p.y.d, kCount, got, r);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const ConvPlan& p, const ConvBuffers& b, int* got,
+                            Perf* r, void* ws, size_t bytes) {
+    return cudnnFindConvolutionForwardAlgorithmEx(h, p.x.d, b.x, p.w.d, b.w, p.conv.d, p.y.d,
+                                                  b.out, kCount, got, r, ws, bytes);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, int algo, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, p.x.d, p.w.d, p.conv.d, p.y.d,
+                                                   static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+  }
+};
+
+struct BwdDataPass {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w.d, p.y.d, p.conv.d, p.x.d, kCount, got, r);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const ConvPlan& p, const ConvBuffers& b, int* got,
+                            Perf* r, void* ws, size_t bytes) {
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w.d, b.w, p.y.d, b.y, p.conv.d, p.x.d,
+                                                       b.out, kCount, got, r, ws, bytes);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, int algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, p.w.d, p.y.d, p.conv.d, p.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+  }
+};
+
+struct BwdFilterPass {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.d, p.y.d, p.conv.d, p.w.d, kCount, got, r);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const ConvPlan& p, const ConvBuffers& b, int* got,
+                            Perf* r, void* ws, size_t bytes) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x.d, b.x, p.y.d, b.y, p.conv.d,
+                                                         p.w.d, b.out, kCount, got, r, ws, bytes);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const ConvPlan& p, int algo, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, p.x.d, p.y.d, p.conv.d, p.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+  }
+};
+
+bool benchmark_mode() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_CUDNN_BENCHMARK");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
+template <typename Pass>
+void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device device,
+                      const ConvBuffers& bufs) {
+  typename Pass::Perf perf[Pass::kCount];
+  int got = 0;
+  if (benchmark_mode()) {
+    DataPtr ws = allocate(device, kFindWorkspace);
+    TANDEM_CUDNN_CHECK(Pass::find(h, plan, bufs, &got, perf, ws.get(), kFindWorkspace));
+  } else {
+    TANDEM_CUDNN_CHECK(Pass::heuristics(h, plan, &got, perf));
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < got; ++i) {
+      const auto& r = perf[i];
+      if (r.status != CUDNN_STATUS_SUCCESS) continue;
+      if (pass == 0 && r.determinism != CUDNN_DETERMINISTIC) continue;
+      if (dtype == kFloat32 && (r.mathType == CUDNN_TENSOR_OP_MATH ||
+                                r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
+        continue;  // Note [no TF32]
+      }
+      size_t bytes = 0;
+      if (Pass::workspace(h, plan, static_cast<int>(r.algo), &bytes) != CUDNN_STATUS_SUCCESS) continue;
+      if (bytes > kMaxWorkspace) continue;
+      plan.algo = static_cast<int>(r.algo);
+      plan.workspace = bytes;
+      return;
+    }
+  }
+  TANDEM_THROW(Cudnn, "conv2d: cuDNN offers no usable algorithm for this configuration (",
+               got, " candidates)");
+}
+
+// The plan of a convolution with input x [N, C, H, W], weight w [K, C, R, S] and output
+// y [N, K, P, Q] (see Note [conv plans]). The handle is already bound to the current stream.
+template <typename Pass>
+const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const Shape& ws,
+                         const Shape& ys, const Conv2dParams& p, DType dtype, Device device,
+                         const ConvBuffers& bufs) {
+  using Key = std::array<int64_t, 14>;
+  thread_local std::map<Key, std::unique_ptr<ConvPlan>> plans;
+  const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
+                xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+  auto it = plans.find(key);
+  if (it != plans.end()) return *it->second;
+
+  auto plan = std::make_unique<ConvPlan>();
+  const cudnnDataType_t dt = cudnn_dtype(dtype);
+  set_tensor4d(plan->x, dt, xs);
+  set_tensor4d(plan->y, dt, ys);
+  TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.d, dt, CUDNN_TENSOR_NCHW, to_int(ws[0]),
+                                                to_int(ws[1]), to_int(ws[2]), to_int(ws[3])));
+  TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      plan->conv.d, to_int(p.pad_h), to_int(p.pad_w), to_int(p.stride_h), to_int(p.stride_w), 1, 1,
+      CUDNN_CROSS_CORRELATION, dt));
+  TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(
+      plan->conv.d, dtype == kFloat32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+  int n = 0, k = 0, oh = 0, ow = 0;
+  TANDEM_CUDNN_CHECK(
+      cudnnGetConvolution2dForwardOutputDim(plan->conv.d, plan->x.d, plan->w.d, &n, &k, &oh, &ow));
+  TANDEM_CHECK(n == ys[0] && k == ys[1] && oh == ys[2] && ow == ys[3], Shape, "conv2d: x ",
+               shape_str(xs), ", w ", shape_str(ws), " give an output [", n, ",", k, ",", oh, ",",
+               ow, "], not ", shape_str(ys));
+  choose_algorithm<Pass>(h, *plan, dtype, device, bufs);
+  return *(plans[key] = std::move(plan));
+}
+
+// y [N, K, PQ] += bias [K].
+template <typename T>
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t k, int64_t pq) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    y[i] += bias[(i / pq) % k];
+  }
+}
+
+// db[k] = sum of dy [N, K, PQ] over N and PQ; one block per channel.
+template <typename T>
+__global__ void bias_grad_kernel(const T* dy, T* db, int64_t n, int64_t k, int64_t pq) {
+  acc_t<T> s = 0;
+  for_channel(n, k, pq, blockIdx.x, [&](int64_t off) { s += dy[off]; });
+  s = block_reduce(s, SumOp{}, acc_t<T>(0));
+  if (threadIdx.x == 0) db[blockIdx.x] = static_cast<T>(s);
+}
+
+}  // namespace
+}  // namespace gpu
+
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Conv2dParams& p, const Tensor& y) {
+  if (y.numel() == 0) return;
+  DeviceGuard guard(x.device());
+  dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cudnnHandle_t h = gpu::cudnn_handle(x.device());
+    const gpu::ConvPlan& plan = gpu::get_plan<gpu::FwdPass>(
+        gpu::ConvPass::Forward, h, x.shape(), w.shape(), y.shape(), p, x.dtype(), x.device(),
+        {x.raw_data(), w.raw_data(), nullptr, y.raw_data()});
+    DataPtr ws = allocate(x.device(), plan.workspace);
+    const T one = 1, zero = 0;
+    TANDEM_CUDNN_CHECK(cudnnConvolutionForward(
+        h, &one, plan.x.d, x.raw_data(), plan.w.d, w.raw_data(), plan.conv.d,
+        static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+        plan.y.d, y.raw_data()));
+    if (bias.defined()) {
+      const int64_t total = y.numel(), k = y.size(1), pq = y.size(2) * y.size(3);
+      gpu::add_bias_kernel<T><<<gpu::grid_for(total), gpu::kBlock, 0, current_cuda_stream(x.device())>>>(
+          gpu::ptr<T>(y), gpu::cptr<T>(bias), total, k, pq);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
+                                        const Tensor& dx) {
+  if (dx.numel() == 0) return;
+  DeviceGuard guard(dx.device());
+  if (dy.numel() == 0) {
+    fill(dx, 0.0);
+    return;
+  }
+  dispatch_floating(dx.dtype(), "conv2d_backward_input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cudnnHandle_t h = gpu::cudnn_handle(dx.device());
+    const gpu::ConvPlan& plan = gpu::get_plan<gpu::BwdDataPass>(
+        gpu::ConvPass::BackwardData, h, dx.shape(), w.shape(), dy.shape(), p, dx.dtype(),
+        dx.device(), {nullptr, w.raw_data(), dy.raw_data(), dx.raw_data()});
+    DataPtr ws = allocate(dx.device(), plan.workspace);
+    const T one = 1, zero = 0;
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h, &one, plan.w.d, w.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+        plan.x.d, dx.raw_data()));
+  });
+}
+
+void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
+                                         const Tensor& dw, const Tensor& db) {
+  DeviceGuard guard(dw.device());
+  if (x.numel() == 0 || dy.numel() == 0) {  // an empty batch contributes nothing
+    if (dw.numel() > 0) fill(dw, 0.0);
+    if (db.defined() && db.numel() > 0) fill(db, 0.0);
+    return;
+  }
+  dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cudnnHandle_t h = gpu::cudnn_handle(dw.device());
+    const gpu::ConvPlan& plan = gpu::get_plan<gpu::BwdFilterPass>(
+        gpu::ConvPass::BackwardFilter, h, x.shape(), dw.shape(), dy.shape(), p, dw.dtype(),
+        dw.device(), {x.raw_data(), nullptr, dy.raw_data(), dw.raw_data()});
+    DataPtr ws = allocate(dw.device(), plan.workspace);
+    const T one = 1, zero = 0;
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        h, &one, plan.x.d, x.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+        plan.w.d, dw.raw_data()));
+    if (db.defined()) {
+      const int64_t n = dy.size(0), k = dy.size(1), pq = dy.size(2) * dy.size(3);
+      gpu::bias_grad_kernel<T><<<static_cast<unsigned>(k), gpu::row_block_size(n * pq),
+                                 0, current_cuda_stream(dw.device())>>>(
+          gpu::cptr<T>(dy), gpu::ptr<T>(db), n, k, pq);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,56 @@
+// The CUDA backend instance, and memcpy between any two devices.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cstring>
+
+#include "core/cuda_check.h"
+#include "core/device.h"
+
+namespace tandem {
+
+// Each copy is enqueued on one stream and ordered only there:
+// - CPU -> GPU: the destination's current stream. The host buffer may be reused as soon as
+//   the call returns (pageable memory is staged by the driver before the call returns).
+// - GPU -> CPU: the source's current stream, then the host waits for that stream, so the
+//   bytes are in place when the call returns.
+// - GPU -> GPU (same or another device): the destination's current stream (a peer copy for
+//   two devices; it goes through NVLink when peer access is enabled, through the host
+//   otherwise). Ordering against the source device's stream is the caller's business:
+//   Tensor::copy_ does it with events (Note [cross-device ordering] in kernels/tensor_data.cpp).
+void CudaBackend::memcpy(void* dst, Device dst_device, const void* src, Device src_device,
+                         size_t nbytes) {
+  if (nbytes == 0 || (dst == src && dst_device == src_device)) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  if (src_device.is_cpu()) {
+    DeviceGuard guard(dst_device);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice,
+                                      current_cuda_stream(dst_device)));
+    return;
+  }
+  if (dst_device.is_cpu()) {
+    DeviceGuard guard(src_device);
+    cudaStream_t stream = current_cuda_stream(src_device);
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  DeviceGuard guard(dst_device);
+  cudaStream_t stream = current_cuda_stream(dst_device);
+  if (dst_device == src_device) {
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, stream));
+  }
+}
+
+Backend& cuda_backend() {
+  // Stateless (handles and plans are per thread), so one instance serves every thread.
+  static CudaBackend backend;
+  return backend;
+}
+
+}  // namespace tandem

@@ -1,0 +1,57 @@
+#pragma once
+// Small cuDNN helpers shared by conv.cu and pool.cu: owning descriptor wrappers, the dtype
+// mapping and 4-D tensor descriptors from tandem shapes.
+#include <cudnn.h>
+
+#include <climits>
+
+#include "core/cuda_check.h"
+#include "core/tensor.h"
+
+namespace tandem::gpu {
+
+// Owns one cuDNN descriptor. Destruction only frees host memory, so it is safe in the
+// thread_local plan caches that outlive the last GPU call.
+template <typename D, cudnnStatus_t (*Create)(D*), cudnnStatus_t (*Destroy)(D)>
+struct CudnnDesc {
+  D d = nullptr;
+  CudnnDesc() { TANDEM_CUDNN_CHECK(Create(&d)); }
+  ~CudnnDesc() {
+    if (d != nullptr) Destroy(d);
+  }
+  CudnnDesc(const CudnnDesc&) = delete;
+  CudnnDesc& operator=(const CudnnDesc&) = delete;
+};
+
+using TensorDesc =
+    CudnnDesc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    CudnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = CudnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                           cudnnDestroyConvolutionDescriptor>;
+using PoolDesc =
+    CudnnDesc<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
+
+inline cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float64: return CUDNN_DATA_DOUBLE;
+    default: break;
+  }
+  TANDEM_THROW(DType, "cuDNN ops take float32 or float64 tensors, got ", dtype_name(t));
+}
+
+inline int to_int(int64_t v) {
+  TANDEM_CHECK(v >= 0 && v <= INT_MAX, Shape, "cuDNN: size or parameter ", v,
+               " does not fit in an int");
+  return static_cast<int>(v);
+}
+
+// A packed NCHW descriptor for a 4-D shape.
+inline void set_tensor4d(TensorDesc& desc, cudnnDataType_t dt, const Shape& s) {
+  TANDEM_CHECK(s.size() == 4, Shape, "cuDNN: expected a 4-D shape, got ", shape_str(s));
+  TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc.d, CUDNN_TENSOR_NCHW, dt, to_int(s[0]),
+                                                to_int(s[1]), to_int(s[2]), to_int(s[3])));
+}
+
+}  // namespace tandem::gpu

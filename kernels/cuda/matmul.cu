@@ -1,0 +1,67 @@
+// Matrix products through cuBLAS.
+//
+// cuBLAS is column-major; tandem is row-major. A row-major [M, N] matrix is, byte for byte, a
+// column-major [N, M] one, so the row-major C = op(A) @ op(B) is computed as the column-major
+// C^T = op(B)^T @ op(A)^T: swap the operands and the roles of M and N, keep each operand's
+// own transpose flag, and pass each matrix's stored row length as its leading dimension.
+//
+// The handle runs in CUBLAS_DEFAULT_MATH (handles.cpp): float32 stays float32 (TF32 is only
+// used when asked for with CUBLAS_TF32_TENSOR_OP_MATH), so results match the CPU's OpenBLAS.
+#include <climits>
+
+#include "core/cuda_check.h"
+#include "core/device.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/handles.h"
+
+namespace tandem {
+
+namespace {
+
+cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                         int n, int k, const float* alpha, const float* a, int lda,
+                         const float* b, int ldb, const float* beta, float* c, int ldc) {
+  return cublasSgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                         int n, int k, const double* alpha, const double* a, int lda,
+                         const double* b, int ldb, const double* beta, double* c, int ldc) {
+  return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
+                       double beta, const Tensor& c) {
+  const int64_t m = c.size(0), n = c.size(1);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  DeviceGuard guard(c.device());
+  // An empty inner dimension (or alpha = 0) still applies beta; BLAS also rejects the leading
+  // dimension 0 that an empty operand would have.
+  if (k == 0 || alpha == 0.0) {
+    if (beta == 0.0) {
+      fill(c, 0.0);
+    } else {
+      scalar(ScalarOp::Mul, c, beta, c);
+    }
+    return;
+  }
+  for (int64_t v : {m, n, k, a.size(1), b.size(1)}) {
+    TANDEM_CHECK(v <= INT_MAX, Shape, "gemm: dimension ", v, " exceeds cuBLAS's 32-bit limit");
+  }
+  dispatch_floating(c.dtype(), "gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    cublasHandle_t h = gpu::cublas_handle(c.device());
+    // Column-major C^T [N, M] = op(B)^T [N, K] @ op(A)^T [K, M].
+    TANDEM_CUBLAS_CHECK(gemm_call(
+        h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &al,
+        static_cast<const T*>(b.raw_data()), static_cast<int>(b.size(1)),
+        static_cast<const T*>(a.raw_data()), static_cast<int>(a.size(1)), &be,
+        static_cast<T*>(c.raw_data()), static_cast<int>(n)));
+  });
+}
+
+}  // namespace tandem

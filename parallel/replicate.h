@@ -1,0 +1,53 @@
+#pragma once
+// replicate: one copy of a model per device, made once.
+//
+// Note [why replicas are not re-copied]
+// In data-parallel training every replica starts from the same parameters, receives the same
+// averaged gradient (the allreduce leaves bit-identical sums on every device) and applies the
+// same optimizer update with the same kernels. So the replicas stay identical by construction
+// and the parameters never need to be copied again: a step moves only gradients. Re-copying
+// the parameters every step (what PyTorch's nn.DataParallel does, because only its main
+// module is updated) costs one model-sized broadcast per step. replicas_in_sync() checks the
+// invariant in tests; broadcast_parameters() restores it after anything that breaks it (a
+// checkpoint loaded into one replica, an update on one replica only).
+#include <memory>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace tandem::parallel {
+
+class Communicator;
+
+using Replicas = std::vector<std::shared_ptr<nn::Module>>;
+
+// replicas[0] is `module` itself, moved to devices[0] in place (Module::to keeps parameter
+// identities, so an optimizer built on it keeps working); replicas[i] is module->clone()
+// moved to devices[i]. Throws for an invalid device list or a null module.
+Replicas replicate(const std::shared_ptr<nn::Module>& module, const std::vector<Device>& devices);
+
+// Throws ShapeError/ValueError naming the parameter (or buffer) unless every replica has the
+// same parameter and buffer names, shapes and dtypes as replicas[0], in the same order.
+void check_replicas(const Replicas& replicas);
+
+// Copies replicas[0]'s parameters and buffers into the other replicas (stream-ordered
+// device-to-device copies into their existing storage; no host sync, no new tensors), or
+// through comm.broadcast when given (one call per tensor).
+void broadcast_parameters(const Replicas& replicas, Communicator* comm = nullptr);
+
+// The largest |difference| between any replica's parameter (and buffer) and replicas[0]'s,
+// relative to max(1, max |replicas[0] value|) per tensor. Synchronizes (reads values).
+double replicas_max_difference(const Replicas& replicas);
+// replicas_max_difference(replicas) <= tol (tol 0: bit-identical values).
+bool replicas_in_sync(const Replicas& replicas, double tol = 0.0);
+
+// A copy of `module` whose parameters and buffers share the storage of module's: the same
+// numbers, written by the same updates, but separate autograd leaves with their own .grad.
+// DataParallel runs its device-0 replica through one of these, so gradients of that replica
+// can be combined with the others' before they reach the module's own .grad.
+std::shared_ptr<nn::Module> shallow_replica(const nn::Module& module);
+// Points `shallow`'s parameters and buffers at module's storage again (after module.to(...)
+// moved it, say). Cheap when nothing moved: pointer comparisons only.
+void reshare_storage(const nn::Module& module, nn::Module& shallow);
+
+}  // namespace tandem::parallel

@@ -1,0 +1,128 @@
+#include "parallel/trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "parallel/device_api.h"
+
+namespace tandem::parallel {
+
+namespace {
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
+}
+}  // namespace
+
+Trace::Trace(std::vector<Device> devices) : devices_(std::move(devices)) {
+  check_device_list(devices_, "Trace");
+  // One synchronization so that the origins of all devices are the same moment.
+  synchronize(devices_);
+  for (Device d : devices_) {
+    origin_.emplace_back(true);
+    origin_.back().record(current_stream(d));
+  }
+}
+
+size_t Trace::rank_of(Device d) const {
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    if (devices_[r] == d) return r;
+  }
+  TANDEM_THROW(Device, "Trace: ", d.str(), " is not one of the traced devices ",
+               devices_str(devices_));
+}
+
+Trace::Span Trace::span(Device device, std::string name, std::string track) {
+  return span(current_stream(device), std::move(name), std::move(track));
+}
+
+Trace::Span Trace::span(Stream stream, std::string name, std::string track) {
+  const size_t rank = rank_of(stream.device());
+  Record* r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r = &records_.emplace_back();
+    r->rank = rank;
+    r->name = std::move(name);
+    r->track = std::move(track);
+  }
+  r->start.record(stream);
+  return Span(r, stream);
+}
+
+Trace::Span& Trace::Span::operator=(Span&& o) noexcept {
+  if (this != &o) {
+    end();
+    record_ = o.record_;
+    stream_ = o.stream_;
+    o.record_ = nullptr;
+  }
+  return *this;
+}
+
+void Trace::Span::end() {
+  if (!record_) return;
+  try {
+    record_->end.record(stream_);
+  } catch (const std::exception& e) {
+    TANDEM_LOG_ERROR("Trace span '", record_->name, "': ", e.what());
+  }
+  record_ = nullptr;
+}
+
+size_t Trace::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_.size();
+}
+
+std::string Trace::json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto sep = [&] {
+    if (!first) os << ",\n";
+    first = false;
+  };
+  std::map<std::pair<size_t, std::string>, int> tids;  // (rank, track) -> tid
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    sep();
+    os << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << r
+       << ", \"args\": {\"name\": " << quoted(devices_[r].str()) << "}}";
+  }
+  for (const Record& rec : records_) {
+    if (!rec.end.recorded()) continue;
+    auto [it, inserted] = tids.try_emplace({rec.rank, rec.track}, static_cast<int>(tids.size()) + 1);
+    if (inserted) {
+      sep();
+      os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << rec.rank
+         << ", \"tid\": " << it->second << ", \"args\": {\"name\": " << quoted(rec.track) << "}}";
+    }
+    const double start_us = 1000.0 * origin_[rec.rank].elapsed_ms(rec.start);
+    const double end_us = 1000.0 * origin_[rec.rank].elapsed_ms(rec.end);
+    sep();
+    os << "{\"name\": " << quoted(rec.name) << ", \"ph\": \"X\", \"pid\": " << rec.rank
+       << ", \"tid\": " << it->second << ", \"ts\": " << start_us
+       << ", \"dur\": " << (end_us - start_us) << "}";
+  }
+  os << "\n]}\n";
+  return os.str();
+}
+
+void Trace::write(const std::string& path) const {
+  const std::string text = json();
+  std::ofstream out(path);
+  TANDEM_CHECK(out.good(), IO, "Trace: cannot open '", path, "' for writing");
+  out << text;
+  TANDEM_CHECK(out.good(), IO, "Trace: writing '", path, "' failed");
+}
+
+}  // namespace tandem::parallel

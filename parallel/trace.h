@@ -1,0 +1,75 @@
+#pragma once
+// Trace: a per-step timeline of compute and communication on every device, written as
+// Chrome trace JSON that chrome://tracing and Perfetto (ui.perfetto.dev) open.
+//
+// A span is a pair of timing events recorded on a stream: on a GPU they measure when the
+// device actually ran the work (not when the host enqueued it), on a CPU device they are
+// host timestamps. Recording costs two event records per span and never synchronizes; only
+// json()/write() wait for the events.
+//
+//   Trace trace(devices);
+//   { auto s = trace.span(devices[0], "forward+backward"); ...enqueue work... }
+//   trace.write("step.json");
+//
+// In the output, one process per device (pid = the device's position in the list, named
+// "cuda:1"), one thread per track (tid, named "compute", "comm", ...), one "X" event per span.
+// Spans may be opened from any thread (the device workers do).
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/stream.h"
+
+namespace tandem::parallel {
+
+class Trace {
+  struct Record {
+    size_t rank;
+    std::string name, track;
+    Event start{true}, end{true};
+  };
+
+ public:
+  // Synchronizes the devices once and records a time origin on each.
+  explicit Trace(std::vector<Device> devices);
+
+  // Records its end event when destroyed (or at end()).
+  class Span {
+   public:
+    Span() = default;
+    Span(Span&& o) noexcept : record_(o.record_), stream_(o.stream_) { o.record_ = nullptr; }
+    Span& operator=(Span&& o) noexcept;
+    ~Span() { end(); }
+    void end();
+
+   private:
+    friend class Trace;
+    Span(Record* r, Stream s) : record_(r), stream_(s) {}
+    Record* record_ = nullptr;
+    Stream stream_;
+  };
+
+  // A span on the calling thread's current stream of `device` (a device of this trace).
+  Span span(Device device, std::string name, std::string track = "compute");
+  // A span on an explicit stream.
+  Span span(Stream stream, std::string name, std::string track);
+
+  // {"traceEvents": [...]}, times in microseconds from the trace's origin. Waits for the
+  // events of finished spans; spans still open are left out.
+  std::string json() const;
+  // Writes json() to path (IOError naming it on failure).
+  void write(const std::string& path) const;
+  size_t size() const;
+  const std::vector<Device>& devices() const { return devices_; }
+
+ private:
+  size_t rank_of(Device d) const;
+
+  std::vector<Device> devices_;
+  std::vector<Event> origin_;  // per device
+  mutable std::mutex mu_;
+  std::deque<Record> records_;  // a deque: Span keeps a pointer, push_back must not move it
+};
+
+}  // namespace tandem::parallel

@@ -1,0 +1,77 @@
+#pragma once
+// ScratchTrainer: data-parallel training written out step by step, the way d2l's "Training
+// on Multiple GPUs" chapter builds it from scratch, with each stage a piece of parallel/:
+//
+//   1. split_sizes + scatter  cut the global batch into shards, one per device
+//   2. replicate              one model copy per device, made once (Note [why replicas are
+//                             not re-copied])
+//   3. parallel_apply         forward + backward of every replica at once, one host thread,
+//                             device and stream each, gradients landing in a FlatBuffer
+//   4. allreduce_sum          one collective over the flat gradient buffers
+//   5. step                   every replica applies its own optimizer to the same summed
+//                             gradient, which keeps the replicas identical
+//
+// Nothing in a step synchronizes the host: the loss comes back as a device tensor and the
+// accuracy counts accumulate on the device; read them when you need the numbers.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/optim/optimizer.h"
+#include "parallel/comm.h"
+#include "parallel/flat_buffer.h"
+#include "parallel/replicate.h"
+#include "parallel/trace.h"
+#include "parallel/workers.h"
+
+namespace tandem::parallel {
+
+// Builds an optimizer over one replica's parameters, e.g.
+//   [](std::vector<Tensor> ps) { return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1); }
+using OptimizerFactory =
+    std::function<std::unique_ptr<nn::optim::Optimizer>(std::vector<Tensor> params)>;
+
+class ScratchTrainer {
+ public:
+  // `module` becomes replica 0 (moved to devices[0]); comm_name is "naive", "ring" or "nccl".
+  // The module's parameters must all be of one dtype (one flat gradient buffer per device).
+  ScratchTrainer(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
+                 const std::string& comm_name, const OptimizerFactory& make_optimizer);
+
+  // One training step on the global batch: x [B, ...] and int64 labels y [B], on any device.
+  // Returns the mean cross-entropy over the B rows, on devices()[0], without host sync.
+  // ValueError when B < number of devices or x and y disagree in B.
+  Tensor train_batch(const Tensor& x, const Tensor& y);
+
+  // Rows predicted correctly by train_batch since reset_metrics(): int64 [1] on devices()[0].
+  Tensor correct() const;
+  int64_t examples() const { return examples_; }  // rows seen since reset_metrics()
+  void reset_metrics();
+
+  // Records per-device spans (forward+backward, allreduce, optimizer) into `trace` from now
+  // on; nullptr stops. The trace must cover devices() and outlive its use here.
+  void set_trace(Trace* trace) { trace_ = trace; }
+
+  nn::Module& module() { return *replicas_[0]; }
+  const Replicas& replicas() const { return replicas_; }
+  const std::vector<Device>& devices() const { return devices_; }
+  Communicator& communicator() { return *comm_; }
+  DeviceWorkers& workers() { return workers_; }
+  nn::optim::Optimizer& optimizer(size_t rank) { return *optimizers_.at(rank); }
+  const FlatBuffer& grads(size_t rank) const { return grads_.at(rank); }
+
+ private:
+  std::vector<Device> devices_;
+  DeviceWorkers workers_;
+  Replicas replicas_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<FlatBuffer> grads_;  // per device: every parameter's .grad is a view into it
+  std::vector<std::unique_ptr<nn::optim::Optimizer>> optimizers_;  // per device
+  std::vector<Tensor> correct_;  // per device: int64 [1]
+  int64_t examples_ = 0;
+  Trace* trace_ = nullptr;
+};
+
+}  // namespace tandem::parallel

@@ -1,0 +1,187 @@
+// SGD and Adam against hand-stepped reference values, three steps each.
+#include <cmath>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "helpers.h"
+#include "nn/nn.h"
+#include "nn_test_util.h"
+
+using namespace tandem;
+using namespace tandem::nn;
+using tandem::test::f64;
+using tandem::test::values;
+
+namespace {
+
+const std::vector<double> kP0{1.0, -2.0, 0.5, 3.0};
+// A different gradient for each of the three steps.
+const std::vector<std::vector<double>> kGrads{
+    {0.5, -1.0, 0.25, 2.0}, {-0.3, 0.2, 0.7, 1.5}, {0.1, 0.4, -0.6, -0.2}};
+
+struct SgdCfg {
+  double lr, momentum, weight_decay, dampening;
+  bool nesterov;
+};
+
+// torch.optim.SGD, written out per element.
+std::vector<double> sgd_reference(const SgdCfg& c) {
+  std::vector<double> p = kP0, buf(p.size());
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      double d = kGrads[t][i] + c.weight_decay * p[i];
+      if (c.momentum != 0) {
+        buf[i] = t == 0 ? d : c.momentum * buf[i] + (1 - c.dampening) * d;
+        d = c.nesterov ? d + c.momentum * buf[i] : buf[i];
+      }
+      p[i] -= c.lr * d;
+    }
+  }
+  return p;
+}
+
+struct AdamCfg {
+  double lr, b1, b2, eps, weight_decay;
+  bool decoupled;
+};
+
+// torch.optim.Adam / AdamW, written out per element.
+std::vector<double> adam_reference(const AdamCfg& c) {
+  std::vector<double> p = kP0, m(p.size()), v(p.size());
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    const double step = static_cast<double>(t + 1);
+    for (size_t i = 0; i < p.size(); ++i) {
+      double g = kGrads[t][i];
+      if (c.decoupled) {
+        p[i] *= 1 - c.lr * c.weight_decay;
+      } else {
+        g += c.weight_decay * p[i];
+      }
+      m[i] = c.b1 * m[i] + (1 - c.b1) * g;
+      v[i] = c.b2 * v[i] + (1 - c.b2) * g * g;
+      const double mhat = m[i] / (1 - std::pow(c.b1, step));
+      const double vhat = v[i] / (1 - std::pow(c.b2, step));
+      p[i] -= c.lr * mhat / (std::sqrt(vhat) + c.eps);
+    }
+  }
+  return p;
+}
+
+// Runs three steps of `opt` on p with the fixed gradients; returns p.
+template <typename Opt>
+std::vector<double> run_three_steps(Opt& opt, const Tensor& p) {
+  for (const auto& g : kGrads) {
+    p.set_grad(f64(g, {static_cast<int64_t>(g.size())}));
+    opt.step();
+  }
+  return values(p);
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    CHECK(got[i] == Approx(want[i]).margin(tol));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("SGD matches hand-stepped values", "[nn]") {
+  SECTION("momentum 0.9, by hand") {
+    // p = 1, g = 0.5 each step, lr 0.1: buf 0.5, 0.95, 1.355; p 0.95, 0.855, 0.7195.
+    Tensor p = f64({1.0}, {1}).set_requires_grad();
+    optim::SGD sgd({p}, 0.1, 0.9);
+    const std::vector<double> want{0.95, 0.855, 0.7195};
+    for (double w : want) {
+      p.set_grad(f64({0.5}, {1}));
+      sgd.step();
+      CHECK(values(p)[0] == Approx(w).margin(1e-14));
+    }
+    CHECK(values(sgd.momentum_buffer(0))[0] == Approx(1.355).margin(1e-14));
+  }
+  const std::vector<SgdCfg> cfgs{{0.1, 0.0, 0.0, 0.0, false},   {0.05, 0.9, 0.0, 0.0, false},
+                                 {0.05, 0.9, 0.01, 0.0, false}, {0.05, 0.8, 0.0, 0.3, false},
+                                 {0.05, 0.9, 0.02, 0.0, true},  {0.2, 0.0, 0.1, 0.0, false}};
+  for (const auto& c : cfgs) {
+    INFO("lr " << c.lr << " momentum " << c.momentum << " wd " << c.weight_decay << " dampening "
+               << c.dampening << " nesterov " << c.nesterov);
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    optim::SGD sgd({p}, c.lr, c.momentum, c.weight_decay, c.dampening, c.nesterov);
+    check_close(run_three_steps(sgd, p), sgd_reference(c), 1e-12);
+  }
+  SECTION("float32 parameters") {
+    const SgdCfg c{0.05, 0.9, 0.01, 0.0, true};
+    Tensor p = f64(kP0, {4}).to(kFloat32).set_requires_grad();
+    optim::SGD sgd({p}, c.lr, c.momentum, c.weight_decay, c.dampening, c.nesterov);
+    for (const auto& g : kGrads) {
+      p.set_grad(f64(g, {4}).to(kFloat32));
+      sgd.step();
+    }
+    check_close(values(p), sgd_reference(c), 1e-6);
+  }
+}
+
+TEST_CASE("Adam and AdamW match hand-stepped values", "[nn]") {
+  SECTION("first step moves each element by lr against its gradient's sign") {
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    optim::Adam adam({p}, 0.01);
+    p.set_grad(f64(kGrads[0], {4}));
+    adam.step();
+    check_close(values(p), {1.0 - 0.01, -2.0 + 0.01, 0.5 - 0.01, 3.0 - 0.01}, 1e-8);
+    CHECK(adam.step_count(0) == 1);
+  }
+  const std::vector<AdamCfg> cfgs{{1e-3, 0.9, 0.999, 1e-8, 0.0, false},
+                                  {0.05, 0.8, 0.99, 1e-6, 0.0, false},
+                                  {0.05, 0.9, 0.999, 1e-8, 0.1, false},
+                                  {0.05, 0.9, 0.999, 1e-8, 0.1, true}};
+  for (const auto& c : cfgs) {
+    INFO("lr " << c.lr << " betas " << c.b1 << "," << c.b2 << " wd " << c.weight_decay
+               << " decoupled " << c.decoupled);
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    optim::Adam adam({p}, c.lr, {c.b1, c.b2}, c.eps, c.weight_decay, c.decoupled);
+    check_close(run_three_steps(adam, p), adam_reference(c), 1e-12);
+  }
+  SECTION("AdamW defaults to decoupled decay 1e-2") {
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    optim::AdamW adamw({p}, 0.05);
+    CHECK(adamw.decoupled_weight_decay());
+    CHECK(adamw.weight_decay() == 0.01);
+    check_close(run_three_steps(adamw, p), adam_reference({0.05, 0.9, 0.999, 1e-8, 0.01, true}),
+                1e-12);
+  }
+}
+
+TEST_CASE("Optimizer skips parameters without a gradient and validates input", "[nn]") {
+  Tensor a = f64(kP0, {4}).set_requires_grad();
+  Tensor b = f64(kP0, {4}).set_requires_grad();
+  optim::Adam adam({a, b}, 0.1);
+  a.set_grad(f64(kGrads[0], {4}));
+  adam.step();
+  CHECK(values(b) == kP0);
+  CHECK(adam.step_count(0) == 1);
+  CHECK(adam.step_count(1) == 0);
+  adam.zero_grad();
+  CHECK_FALSE(a.grad().defined());
+  std::vector<double> a1 = values(a);
+  adam.step();  // nothing has a gradient
+  CHECK(values(a) == a1);
+
+  optim::SGD sgd({a}, 0.1);
+  sgd.set_lr(0.5);
+  CHECK(sgd.lr() == 0.5);
+  CHECK_THROWS_AS(sgd.set_lr(-1.0), ValueError);
+  CHECK_THROWS_AS(optim::SGD({a}, 0.1, 0.0, 0.0, 0.0, true), ValueError);
+  CHECK_THROWS_AS(optim::SGD({a}, 0.1, 0.9, 0.0, 0.5, true), ValueError);
+  CHECK_THROWS_AS(optim::SGD({a, a}, 0.1), ValueError);
+  CHECK_THROWS_AS(optim::SGD({a * 2.0}, 0.1), ValueError);
+  CHECK_THROWS_AS(optim::SGD({Tensor()}, 0.1), ValueError);
+  CHECK_THROWS_AS(optim::Adam({a}, 0.1, {1.0, 0.999}), ValueError);
+
+  // zero_grad(false) keeps the buffers and zeroes them.
+  a.set_grad(f64(kGrads[1], {4}));
+  Tensor g = a.grad();
+  sgd.zero_grad(false);
+  CHECK(a.grad().same(g));
+  CHECK(values(a.grad()) == std::vector<double>(4, 0.0));
+}
