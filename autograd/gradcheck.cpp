@@ -44,6 +44,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     if (!in.defined() || !in.requires_grad()) continue;
     TANDEM_CHECK(in.dtype() == kFloat64, DType, "gradcheck: input ", i,
                  " requires grad but is ", in.str(), "; use float64");
+    TANDEM_CHECK(in.is_leaf(), Value, "gradcheck: input ", i, " ", in.str(),
+                 " requires grad but is not a leaf (its .grad is never written)");
   }
   GradModeScope grad_on(true);
 

@@ -16,7 +16,8 @@ struct GradcheckResult {
 };
 
 // fn maps the inputs to one output tensor (any shape). Every input that requires grad must be
-// float64. Compares the analytic gradient of sum(output * w) for a fixed random w with central
+// a float64 leaf; inputs that do not require grad are held fixed. Inputs may live on any
+// device (they are perturbed through a host copy). fn runs 2 * numel + 1 times. Compares the analytic gradient of sum(output * w) for a fixed random w with central
 // differences of step eps. Passes when |a - n| <= atol + rtol * |n| for every element.
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                           const std::vector<Tensor>& inputs, double eps = 1e-6,

@@ -57,8 +57,8 @@ DataLoader::Iterator DataLoader::begin() {
 
 Batch DataLoader::batch(int64_t b) const {
   TANDEM_CHECK(order_.defined(), Value, "DataLoader::batch: no epoch started (call begin())");
-  TANDEM_CHECK(b >= 0 && b < num_batches_, Value, "DataLoader::batch: batch ", b,
-               " outside [0, ", num_batches_, ")");
+  TANDEM_CHECK(b >= 0 && b < num_batches_, Value, "DataLoader::batch: batch ", b, " outside [0, ",
+               num_batches_, ")");
   const int64_t start = b * options_.batch_size;
   const int64_t end = std::min(start + options_.batch_size, size());
   return dataset_.get(order_.slice(0, start, end));

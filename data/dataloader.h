@@ -24,11 +24,11 @@
 namespace tandem::data {
 
 struct DataLoaderOptions {
-  int64_t batch_size = 64;   // 1..dataset size
-  bool shuffle = true;       // false: samples in dataset order every epoch
-  bool drop_last = false;    // drop the final batch when it is smaller than batch_size
-  uint64_t seed = 0;         // see Note [epoch seeding]
-  Device device = kCPU;      // where the data and batches live
+  int64_t batch_size = 64;  // 1..dataset size
+  bool shuffle = true;      // false: samples in dataset order every epoch
+  bool drop_last = false;   // drop the final batch when it is smaller than batch_size
+  uint64_t seed = 0;        // see Note [epoch seeding]
+  Device device = kCPU;     // where the data and batches live
 };
 
 class DataLoader {
@@ -67,7 +67,7 @@ class DataLoader {
   Batch batch(int64_t b) const;
 
   int64_t num_batches() const { return num_batches_; }  // per epoch
-  int64_t size() const { return dataset_.size(); }       // samples in the dataset
+  int64_t size() const { return dataset_.size(); }      // samples in the dataset
   // Epochs started so far; the current one (while iterating) is epoch() - 1.
   int64_t epoch() const { return epoch_; }
   // The next begin() starts epoch e (0-based), e.g. to resume a run.

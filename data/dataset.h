@@ -18,12 +18,13 @@ class TensorDataset {
  public:
   TensorDataset() = default;
   // images [N, ...] and labels [N, ...] on one device; both keep their dtype.
-  TensorDataset(Tensor images, Tensor labels) : images_(std::move(images)), labels_(std::move(labels)) {
+  TensorDataset(Tensor images, Tensor labels)
+      : images_(std::move(images)), labels_(std::move(labels)) {
     TANDEM_CHECK(images_.defined() && labels_.defined(), Value,
                  "TensorDataset: images and labels must be defined tensors");
-    TANDEM_CHECK(images_.dim() >= 1 && labels_.dim() >= 1, Shape,
-                 "TensorDataset: images ", shape_str(images_.shape()), " and labels ",
-                 shape_str(labels_.shape()), " need a sample dimension");
+    TANDEM_CHECK(images_.dim() >= 1 && labels_.dim() >= 1, Shape, "TensorDataset: images ",
+                 shape_str(images_.shape()), " and labels ", shape_str(labels_.shape()),
+                 " need a sample dimension");
     TANDEM_CHECK(images_.size(0) == labels_.size(0), Shape, "TensorDataset: ", images_.size(0),
                  " images ", shape_str(images_.shape()), " but ", labels_.size(0), " labels ",
                  shape_str(labels_.shape()));

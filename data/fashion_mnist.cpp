@@ -33,22 +33,24 @@ const std::array<const char*, 10>& fashion_mnist_class_names() {
 
 const char* fashion_mnist_class_name(int64_t label) {
   TANDEM_CHECK(label >= 0 && label < kFashionMnistClasses, Value,
-               "fashion_mnist_class_name: label ", label, " outside [0, ", kFashionMnistClasses, ")");
+               "fashion_mnist_class_name: label ", label, " outside [0, ", kFashionMnistClasses,
+               ")");
   return fashion_mnist_class_names()[static_cast<size_t>(label)];
 }
 
 FashionMnist load_fashion_mnist(const std::string& dir, bool train, int64_t limit) {
-  TANDEM_CHECK(limit >= -1, Value, "load_fashion_mnist: limit must be >= 0 or -1 (all), got ", limit);
+  TANDEM_CHECK(limit >= -1, Value, "load_fashion_mnist: limit must be >= 0 or -1 (all), got ",
+               limit);
   const std::string prefix = train ? "train" : "t10k";
   FashionMnist ds;
   ds.images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   ds.labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
 
-  Tensor raw = read_idx_images(ds.images_path);  // uint8 [N, 28, 28]
+  Tensor raw = read_idx_images(ds.images_path);                           // uint8 [N, 28, 28]
   Tensor labels = read_idx_labels(ds.labels_path, kFashionMnistClasses);  // int64 [N]
   const int64_t n_images = raw.size(0), n_labels = labels.size(0);
-  TANDEM_CHECK(n_images == n_labels, Format, "Fashion-MNIST: '", ds.images_path, "' has ",
-               n_images, " images but '", ds.labels_path, "' has ", n_labels, " labels");
+  TANDEM_CHECK(n_images == n_labels, Format, "Fashion-MNIST: '", ds.images_path, "' has ", n_images,
+               " images but '", ds.labels_path, "' has ", n_labels, " labels");
   TANDEM_CHECK(raw.size(1) == kFashionMnistRows && raw.size(2) == kFashionMnistCols, Format,
                "Fashion-MNIST: '", ds.images_path, "' holds images of ", raw.size(1), "x",
                raw.size(2), ", expected ", kFashionMnistRows, "x", kFashionMnistCols);

@@ -25,8 +25,8 @@ const std::array<const char*, 10>& fashion_mnist_class_names();
 const char* fashion_mnist_class_name(int64_t label);
 
 struct FashionMnist {
-  Tensor images;  // float32 [N, 1, 28, 28] in [0, 1] (pixel / 255), CPU
-  Tensor labels;  // int64 [N] in [0, 10), CPU
+  Tensor images;                         // float32 [N, 1, 28, 28] in [0, 1] (pixel / 255), CPU
+  Tensor labels;                         // int64 [N] in [0, 10), CPU
   std::string images_path, labels_path;  // the files that were read
 };
 

@@ -29,7 +29,8 @@ std::string hex(uint32_t v, int digits = 8) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool is_gzip(const std::vector<uint8_t>& b, size_t at = 0) {
@@ -46,7 +47,8 @@ std::vector<uint8_t> read_raw(const std::string& path) {
   std::vector<uint8_t> bytes;
   uint8_t chunk[1 << 16];
   size_t n = 0;
-  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0)
+    bytes.insert(bytes.end(), chunk, chunk + n);
   bool failed = std::ferror(f) != 0;
   std::fclose(f);
   TANDEM_CHECK(!failed, IO, "error reading '", path, "'");
@@ -94,8 +96,8 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& p
       inflateReset(&zs);  // another gzip member follows
     } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed == in.size() && zs.avail_out > 0)) {
       if (consumed == in.size()) {
-        error = "truncated gzip stream: the compressed data ends after " +
-                std::to_string(in.size()) + " bytes before the end of the stream";
+        error = "truncated gzip stream: the " + std::to_string(in.size()) +
+                " bytes of the file end in the middle of the compressed data";
         break;
       }
       if (!progress && zs.avail_out > 0) {
@@ -104,7 +106,7 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& p
       }
       // otherwise only the output was full: grow and continue
     } else if (ret != Z_OK) {
-      error = std::string("corrupt gzip stream (") + (zs.msg ? zs.msg : "zlib error " + std::to_string(ret)) + ")";
+      error = str("corrupt gzip stream (", zs.msg ? zs.msg : "zlib error", ", code ", ret, ")");
       break;
     }
   }
@@ -165,33 +167,29 @@ IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
   if (got != magic) {
     // Name what the file seems to be, e.g. a label file passed as images.
     std::string seems;
-    if ((got >> 16) == 0) seems = str(", which means element type ", hex(got >> 8 & 0xff, 2),
-                                      " with ", got & 0xff, " dimensions");
+    if ((got >> 16) == 0)
+      seems = str(", which means element type ", hex(got >> 8 & 0xff, 2), " with ", got & 0xff,
+                  " dimensions");
     TANDEM_THROW(Format, "'", path, "': bad IDX magic number ", hex(got), seems, " (expected ",
-                 hex(magic), " for ", what, ": unsigned bytes with ", magic & 0xff,
-                 " dimensions)");
+                 hex(magic), " for ", what, ": unsigned bytes with ", magic & 0xff, " dimensions)");
   }
   size_t rank = magic & 0xff;
   size_t header = 4 + 4 * rank;
-  TANDEM_CHECK(b.size() >= header, Format, "'", path, "': truncated IDX header: expected ",
-               header, " bytes for ", rank, " dimensions, got ", b.size());
-  // The product of the dims is compared with the file length as it grows, so it cannot overflow.
-  uint64_t actual = b.size() - header;
+  TANDEM_CHECK(b.size() >= header, Format, "'", path, "': truncated IDX header: expected ", header,
+               " bytes for ", rank, " dimensions, got ", b.size());
+  const uint64_t actual = b.size() - header;
   uint64_t expected = 1;
-  bool too_big = false;
+  bool overflow = false;
+  for (size_t d = 0; d < rank; ++d) idx.dims.push_back(read_be32(b.data() + 4 + 4 * d));
+  const std::string shape = shape_str(idx.dims);
   for (size_t d = 0; d < rank; ++d) {
-    uint32_t n = read_be32(b.data() + 4 + 4 * d);
-    TANDEM_CHECK(n > 0, Format, "'", path, "': IDX dimension ", d, " is 0");
-    idx.dims.push_back(n);
-    if (too_big || expected > actual / n) {
-      too_big = true;
-    } else {
-      expected *= n;
-    }
+    TANDEM_CHECK(idx.dims[d] > 0, Format, "'", path, "': IDX dimension ", d, " is 0 (shape ", shape,
+                 ")");
+    overflow = overflow || __builtin_mul_overflow(expected, uint64_t(idx.dims[d]), &expected);
   }
-  std::string shape = shape_str(idx.dims);
-  TANDEM_CHECK(!too_big, Format, "'", path, "': truncated IDX data: shape ", shape,
-               " needs more bytes than the ", actual, " bytes after the header");
+  overflow = overflow || expected > UINT64_MAX - header;
+  TANDEM_CHECK(!overflow, Format, "'", path, "': truncated IDX file: shape ", shape,
+               " needs more than 2^64 bytes, got ", b.size());
   TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: expected ",
                header + expected, " bytes (", header, "-byte header + ", expected,
                " data bytes for shape ", shape, "), got ", b.size());
@@ -205,7 +203,8 @@ IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
 std::atomic<uint64_t> g_tmp_counter{0};
 
 // Header + data of an IDX file of unsigned bytes.
-std::vector<uint8_t> idx_bytes(uint32_t magic, const Shape& dims, const std::vector<uint8_t>& data) {
+std::vector<uint8_t> idx_bytes(uint32_t magic, const Shape& dims,
+                               const std::vector<uint8_t>& data) {
   std::vector<uint8_t> out;
   out.reserve(4 + 4 * dims.size() + data.size());
   auto put = [&](uint32_t v) {
@@ -233,10 +232,11 @@ void write_file_atomic(const std::string& path, const std::vector<uint8_t>& byte
   if (gzip) compressed = gzip_bytes(bytes, path);
   const std::vector<uint8_t>& out = gzip ? compressed : bytes;
 
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
+  std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  TANDEM_CHECK(f != nullptr, IO, "cannot write '", path, "': cannot create '", tmp, "': ",
-               std::strerror(errno));
+  TANDEM_CHECK(f != nullptr, IO, "cannot write '", path, "': cannot create '", tmp,
+               "': ", std::strerror(errno));
   bool ok = out.empty() || std::fwrite(out.data(), 1, out.size(), f) == out.size();
   ok = std::fflush(f) == 0 && ok;
   ok = ::fsync(::fileno(f)) == 0 && ok;
@@ -263,8 +263,8 @@ Tensor read_idx_images(const std::string& path) {
 }
 
 Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
-  TANDEM_CHECK(num_classes > 0, Value, "read_idx_labels('", path, "'): num_classes must be > 0, got ",
-               num_classes);
+  TANDEM_CHECK(num_classes > 0, Value, "read_idx_labels('", path,
+               "'): num_classes must be > 0, got ", num_classes);
   IdxData idx = read_idx(path, kIdxLabelsMagic, "labels");
   Tensor out = empty(idx.dims, kInt64, kCPU);  // [N]
   int64_t* dst = out.data<int64_t>();

@@ -34,7 +34,8 @@ template double* scratch<double>(int, size_t);
 
 namespace {
 
-constexpr int64_t kMaxColElems = int64_t{1} << 24;  // 64 MB of float32 columns
+#include <cstdlib>
+static int64_t kMaxColElems = std::getenv("CAP") ? std::atoll(std::getenv("CAP")) : (int64_t{1} << 24);
 
 struct ConvGeom {
   int64_t n, c, h, w;  // input [N, C, H, W]

@@ -216,3 +216,25 @@ TEST_CASE("gradcheck reports a wrong backward and rejects float32 inputs", "[aut
   REQUIRE_THROWS_AS(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {f}),
                     DTypeError);
 }
+
+TEST_CASE("a later layer's hook fires before an earlier layer's gradient is computed", "[autograd]") {
+  // The property overlapped gradient allreduce relies on: w2's gradient is final (and its hook
+  // runs) before backward reaches the first layer.
+  Tensor x = from_vector<double>({0.5, -1.0}, {1, 2});
+  Tensor w1 = from_vector<double>({0.1, 0.2, 0.3, 0.4}, {2, 2});
+  Tensor w2 = from_vector<double>({0.5, -0.5}, {1, 2});
+  w1.set_requires_grad();
+  w2.set_requires_grad();
+  std::vector<std::string> order;
+  w1.register_grad_hook([&](const Tensor&) { order.push_back("w1"); });
+  w2.register_grad_hook([&](const Tensor&) { order.push_back("w2"); });
+  Tensor h = tanh(linear(x, w1, Tensor()));
+  // An identity node between the layers that logs when its backward runs.
+  Tensor mid = h.detach();
+  autograd::record("Mid", {h}, {mid}, [&](autograd::TensorList&& g) -> autograd::TensorList {
+    order.push_back("mid");
+    return {g[0]};
+  });
+  sum(linear(mid, w2, Tensor())).backward();
+  REQUIRE(order == std::vector<std::string>{"w2", "mid", "w1"});
+}

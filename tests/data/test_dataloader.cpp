@@ -22,7 +22,8 @@ TensorDataset numbered(int64_t n, Device device = kCPU) {
     for (int k = 0; k < 4; ++k) x[size_t(i) * 4 + size_t(k)] = float(i) + 0.25f * float(k);
     y[size_t(i)] = i;
   }
-  return TensorDataset(from_vector<float>(x, {n, 1, 2, 2}, device), from_vector<int64_t>(y, {n}, device));
+  return TensorDataset(from_vector<float>(x, {n, 1, 2, 2}, device),
+                       from_vector<int64_t>(y, {n}, device));
 }
 
 // Labels of one epoch, in order; checks every batch's images match its labels.
@@ -59,7 +60,10 @@ TEST_CASE("dataset: get gathers matching rows", "[data]") {
   CHECK(b.y.to_vector<int64_t>() == std::vector<int64_t>{4, 0, 4});
   CHECK(b.x.to_vector<float>()[4] == 0.0f);
   check_throws_containing<ShapeError>(
-      [] { TensorDataset(zeros({3, 2}), zeros({4}, kInt64)); }, {"3 images", "4 labels"});
+      [] {
+        TensorDataset(zeros({3, 2}), zeros({4}, kInt64));
+      },
+      {"3 images", "4 labels"});
 }
 
 TEST_CASE("dataloader: every sample exactly once per epoch, with and without drop_last", "[data]") {
@@ -78,7 +82,8 @@ TEST_CASE("dataloader: every sample exactly once per epoch, with and without dro
     CHECK(loader.epoch() == 3);
   }
   SECTION("drop the last partial batch") {
-    DataLoader loader(numbered(n), {.batch_size = 3, .shuffle = true, .drop_last = true, .seed = 7});
+    DataLoader loader(numbered(n),
+                      {.batch_size = 3, .shuffle = true, .drop_last = true, .seed = 7});
     CHECK(loader.num_batches() == 3);
     std::vector<int64_t> sizes;
     std::vector<int64_t> seen = run_epoch(loader, &sizes);
@@ -129,14 +134,17 @@ TEST_CASE("dataloader: seeded shuffle repeats across runs and differs across epo
 
 TEST_CASE("dataloader: invalid batch sizes", "[data]") {
   TensorDataset ds = numbered(5);
-  check_throws_containing<ValueError>([&] { (void)DataLoader(ds, {.batch_size = 0}); }, {"batch_size", "0"});
+  check_throws_containing<ValueError>([&] { (void)DataLoader(ds, {.batch_size = 0}); },
+                                      {"batch_size", "0"});
   check_throws_containing<ValueError>([&] { (void)DataLoader(ds, {.batch_size = -3}); }, {"-3"});
-  check_throws_containing<ValueError>([&] { (void)DataLoader(ds, {.batch_size = 6}); }, {"6", "5 samples"});
+  check_throws_containing<ValueError>([&] { (void)DataLoader(ds, {.batch_size = 6}); },
+                                      {"6", "5 samples"});
   DataLoader loader(ds, {.batch_size = 2});
   check_throws_containing<ValueError>([&] { loader.batch(0); }, {"begin"});
 }
 
-TEST_CASE("dataloader: a CUDA loader yields the CPU loader's batches on the device", "[data][cuda]") {
+TEST_CASE("dataloader: a CUDA loader yields the CPU loader's batches on the device",
+          "[data][cuda]") {
   TANDEM_REQUIRE_CUDA();
   const int64_t n = 37;
   DataLoader cpu(numbered(n), {.batch_size = 8, .seed = 5});

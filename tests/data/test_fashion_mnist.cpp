@@ -22,8 +22,8 @@ std::vector<uint8_t> pixels(uint32_t n) {
   return v;
 }
 
-void write_split(const TempDir& dir, const std::string& prefix, uint32_t n_images, uint32_t n_labels,
-                 bool images_gz, bool labels_gz) {
+void write_split(const TempDir& dir, const std::string& prefix, uint32_t n_images,
+                 uint32_t n_labels, bool images_gz, bool labels_gz) {
   std::vector<uint8_t> labels(n_labels);
   for (uint32_t i = 0; i < n_labels; ++i) labels[i] = static_cast<uint8_t>((i * 7) % 10);
   write_file_atomic(dir.file(prefix + "-images-idx3-ubyte" + (images_gz ? ".gz" : "")),
@@ -50,7 +50,8 @@ TEST_CASE("fashion_mnist: loads gzipped and raw files, scaled to [0, 1]", "[data
   std::vector<uint8_t> want = pixels(6);
   REQUIRE(px.size() == want.size());
   bool exact = true;
-  for (size_t i = 0; i < px.size(); ++i) exact = exact && px[i] == static_cast<float>(want[i]) / 255.0f;
+  for (size_t i = 0; i < px.size(); ++i)
+    exact = exact && px[i] == static_cast<float>(want[i]) / 255.0f;
   CHECK(exact);
   CHECK(train.labels.to_vector<int64_t>() == std::vector<int64_t>{0, 7, 4, 1, 8, 5});
 
@@ -80,7 +81,8 @@ TEST_CASE("fashion_mnist: missing files and wrong image size", "[data]") {
                                    {"t10k-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte'"});
   write_file_atomic(dir.file("t10k-images-idx3-ubyte"),
                     idx_file(kIdxImagesMagic, {2, 4, 3}, std::vector<uint8_t>(24, 1)), false);
-  write_file_atomic(dir.file("t10k-labels-idx1-ubyte"), idx_file(kIdxLabelsMagic, {2}, {1, 2}), false);
+  write_file_atomic(dir.file("t10k-labels-idx1-ubyte"), idx_file(kIdxLabelsMagic, {2}, {1, 2}),
+                    false);
   check_throws_containing<FormatError>([&] { load_fashion_mnist(dir.path().string(), false); },
                                        {"t10k-images-idx3-ubyte", "4x3"});
 }

@@ -82,9 +82,14 @@ TEST_CASE("idx: writers round-trip and leave no temporary files", "[data]") {
   check_throws_containing<DTypeError>([&] { write_idx_images(dir.file("x"), labels, false); },
                                       {"int64"});
   check_throws_containing<ShapeError>(
-      [&] { write_idx_images(dir.file("x"), from_vector<uint8_t>({1, 2}, {2}), false); }, {"[2]"});
+      [&] {
+        write_idx_images(dir.file("x"), from_vector<uint8_t>({1, 2}, {2}), false);
+      },
+      {"[2]"});
   check_throws_containing<ValueError>(
-      [&] { write_idx_labels(dir.file("x"), from_vector<int64_t>({1, 256}, {2}), false); },
+      [&] {
+        write_idx_labels(dir.file("x"), from_vector<int64_t>({1, 256}, {2}), false);
+      },
       {"256"});
   check_throws_containing<IOError>(
       [&] { write_idx_labels(dir.file("no/such/dir/x"), labels, false); }, {"no/such/dir/x"});
@@ -99,7 +104,8 @@ TEST_CASE("idx: several concatenated gzip members read as one stream", "[data]")
   std::vector<uint8_t> joined;
   for (const char* part : {"a.gz", "b.gz"}) {
     std::ifstream f(dir.file(part), std::ios::binary);
-    joined.insert(joined.end(), std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    joined.insert(joined.end(), std::istreambuf_iterator<char>(f),
+                  std::istreambuf_iterator<char>());
   }
   write_bytes_raw(dir.file("ab.gz"), joined);
   CHECK(read_idx_images(dir.file("ab.gz")).to_vector<uint8_t>() == image_bytes());
@@ -172,7 +178,8 @@ TEST_CASE("idx: malformed files throw errors naming the file", "[data]") {
                                          {"images", "0x00000803"});
   }
   SECTION("label out of range") {
-    write_file_atomic(dir.file("bad-labels.gz"), idx_file(kIdxLabelsMagic, {4}, {1, 2, 10, 3}), true);
+    write_file_atomic(dir.file("bad-labels.gz"), idx_file(kIdxLabelsMagic, {4}, {1, 2, 10, 3}),
+                      true);
     check_throws_containing<FormatError>([&] { read_idx_labels(dir.file("bad-labels.gz")); },
                                          {"bad-labels.gz", "label 2", "is 10"});
     // With more classes the same file is fine.
@@ -187,7 +194,8 @@ TEST_CASE("idx: malformed files throw errors naming the file", "[data]") {
                                          {"zero-dim", "dimension 1 is 0"});
   }
   SECTION("huge dimensions do not overflow") {
-    write_file_atomic(dir.file("huge"), idx_file(kIdxImagesMagic, {0xffffffffu, 0xffffffffu, 0xffffffffu}, {1, 2}),
+    write_file_atomic(dir.file("huge"),
+                      idx_file(kIdxImagesMagic, {0xffffffffu, 0xffffffffu, 0xffffffffu}, {1, 2}),
                       false);
     check_throws_containing<FormatError>([&] { read_idx_images(dir.file("huge")); },
                                          {"huge", "truncated"});

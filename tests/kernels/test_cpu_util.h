@@ -21,18 +21,25 @@ inline Tensor rnd(const Shape& shape, DType dtype, double lo = -1.0, double hi =
   return uniform(shape, lo, hi, dtype);
 }
 
-// Requires |got - want| <= tol * max(1, |want|) elementwise (and equal element counts).
+// Requires |got - want| <= rtol * max(1, |want|) elementwise (and equal element counts); NaN
+// must match NaN. Reports the worst element.
 inline void require_close(const Tensor& got, const std::vector<double>& want, double rtol) {
   const std::vector<double> g = values(got);
   REQUIRE(g.size() == want.size());
+  size_t worst = 0;
+  double worst_excess = 0;
+  bool ok = true;
   for (size_t i = 0; i < g.size(); ++i) {
-    INFO("element " << i << ": got " << g[i] << ", want " << want[i]);
-    if (std::isnan(want[i])) {
-      REQUIRE(std::isnan(g[i]));
+    if (std::isnan(want[i]) || std::isnan(g[i])) {
+      if (std::isnan(want[i]) != std::isnan(g[i])) ok = false, worst = i, worst_excess = INFINITY;
       continue;
     }
-    REQUIRE(std::abs(g[i] - want[i]) <= rtol * std::max(1.0, std::abs(want[i])));
+    const double excess = std::abs(g[i] - want[i]) - rtol * std::max(1.0, std::abs(want[i]));
+    if (excess > 0 && excess >= worst_excess) ok = false, worst = i, worst_excess = excess;
   }
+  INFO("worst element " << worst << ": got " << (g.empty() ? 0.0 : g[worst]) << ", want "
+                        << (want.empty() ? 0.0 : want[worst]) << " (rtol " << rtol << ")");
+  REQUIRE(ok);
 }
 
 // Row-major offset of a multi-index into a tensor of shape s.

@@ -1,5 +1,5 @@
 #pragma once
-// Small helpers shared by the nn tests.
+// Small utilities shared by the nn tests.
 #include <string>
 #include <vector>
 

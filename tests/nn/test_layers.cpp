@@ -1,4 +1,5 @@
 // Layers against values computed by hand; model shapes and parameter counts.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -236,6 +237,14 @@ TEST_CASE("ResNet-18 output shape, gradients and parameter count", "[nn]") {
   CHECK(net->named_buffers().size() == 2 * (1 + 8 * 2));
   CHECK(net->named_parameters().contains("4.0.conv3.weight"));
   CHECK_FALSE(net->named_parameters().contains("1.0.conv3.weight"));
+  // init_cnn: Xavier-uniform conv/linear weights, zero biases; BatchNorm weight 1, bias 0.
+  auto named = net->named_parameters();
+  for (double v : values(named.at("4.1.conv2.bias"))) CHECK(v == 0.0);
+  double max_w = 0;
+  for (double v : values(named.at("4.1.conv2.weight"))) max_w = std::max(max_w, std::abs(v));
+  CHECK(max_w <= std::sqrt(6.0 / (2 * 512 * 9)) + 1e-7);
+  CHECK(max_w > 0.9 * std::sqrt(6.0 / (2 * 512 * 9)));
+  for (double v : values(named.at("4.1.bn2.weight"))) CHECK(v == 1.0);
 
   Tensor x = randn({2, 1, 28, 28});
   Tensor y = (*net)(x);

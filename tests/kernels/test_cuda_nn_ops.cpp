@@ -1,0 +1,248 @@
+// CUDA backend vs the CPU reference, part 2: convolution, pooling, log-softmax, cross-entropy,
+// accuracy counting, row indexing, batch norm and the optimizer steps.
+#include <vector>
+
+#include "catch.h"
+#include "core/device.h"
+#include "helpers.h"
+#include "kernels/ops.h"
+
+using namespace tandem;
+using tandem::test::rel_error;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+const DType kFloatTypes[] = {kFloat32, kFloat64};
+
+double tol(DType t) { return t == kFloat32 ? 1e-5 : 1e-12; }
+
+Tensor gpu(const Tensor& t) { return t.to(kGpu); }
+
+void check(const Tensor& got, const Tensor& want, double scale = 1.0) {
+  REQUIRE(got.device() == kGpu);
+  REQUIRE(got.dtype() == want.dtype());
+  REQUIRE(got.shape() == want.shape());
+  const double err = rel_error(got, want);
+  INFO("relative error " << err << " (" << dtype_name(want.dtype()) << ")");
+  REQUIRE(err <= tol(want.dtype()) * scale);
+}
+
+void check_equal(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.device() == kGpu);
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(tandem::test::values(got) == tandem::test::values(want));
+}
+
+// Random class indices in [0, classes).
+Tensor random_targets(int64_t n, int64_t classes) {
+  return uniform({n}, 0.0, static_cast<double>(classes), kFloat64).to(kInt64);
+}
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dParams p;
+};
+
+}  // namespace
+
+TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const ConvCase cases[] = {
+      {{3, 5, 11, 9}, {7, 5, 3, 3}, {1, 1, 1, 1}},
+      {{2, 3, 13, 13}, {4, 3, 5, 5}, {2, 2, 0, 0}},
+      {{4, 2, 10, 7}, {3, 2, 2, 3}, {2, 1, 1, 2}},
+      {{5, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},  // LeNet's first layer
+  };
+  for (DType dt : kFloatTypes) {
+    for (const ConvCase& cc : cases) {
+      INFO(dtype_name(dt) << " x " << shape_str(cc.x) << " w " << shape_str(cc.w) << " stride "
+                          << cc.p.stride_h << "," << cc.p.stride_w << " pad " << cc.p.pad_h << ","
+                          << cc.p.pad_w);
+      Tensor x = uniform(cc.x, -1.0, 1.0, dt), w = uniform(cc.w, -1.0, 1.0, dt);
+      Tensor bias = uniform({cc.w[0]}, -1.0, 1.0, dt);
+      Tensor y = kernels::conv2d(x, w, bias, cc.p);
+      check(kernels::conv2d(gpu(x), gpu(w), gpu(bias), cc.p), y, 4);
+      check(kernels::conv2d(gpu(x), gpu(w), Tensor(), cc.p), kernels::conv2d(x, w, Tensor(), cc.p), 4);
+      Tensor dy = uniform(y.shape(), -1.0, 1.0, dt);
+      check(kernels::conv2d_backward_input(gpu(dy), gpu(w), cc.p, cc.x),
+            kernels::conv2d_backward_input(dy, w, cc.p, cc.x), 4);
+      auto [dw, db] = kernels::conv2d_backward_weight(x, dy, cc.p, cc.w, true);
+      auto [dwg, dbg] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, true);
+      check(dwg, dw, 4);
+      check(dbg, db, 4);
+      // The cached plan serves a second call with the same shapes.
+      check(kernels::conv2d(gpu(x), gpu(w), gpu(bias), cc.p), y, 4);
+    }
+  }
+}
+
+TEST_CASE("cuda max and average pooling", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const std::pair<Shape, Pool2dParams> cases[] = {
+      {{2, 3, 8, 9}, {2, 2, 2, 2, 0, 0}},
+      {{2, 3, 11, 10}, {3, 3, 2, 2, 1, 1}},
+      {{1, 4, 7, 7}, {3, 3, 1, 1, 1, 1}},
+      {{3, 2, 9, 6}, {3, 2, 2, 1, 1, 0}},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const auto& [shape, p] : cases) {
+      for (PoolMode mode : {PoolMode::Max, PoolMode::Avg}) {
+        INFO(dtype_name(dt) << " x " << shape_str(shape) << " kernel " << p.kernel_h << "x"
+                            << p.kernel_w << " mode " << (mode == PoolMode::Max ? "max" : "avg"));
+        Tensor x = uniform(shape, -1.0, 1.0, dt);
+        // After a ReLU many windows are ties of zeros: the first one must win.
+        for (Tensor in : {x, kernels::unary(UnaryOp::Relu, x)}) {
+          Tensor y = kernels::pool2d(mode, in, p);
+          Tensor yg = kernels::pool2d(mode, gpu(in), p);
+          check(yg, y);
+          Tensor dy = uniform(y.shape(), -1.0, 1.0, dt);
+          check(kernels::pool2d_backward(mode, gpu(in), yg, gpu(dy), p),
+                kernels::pool2d_backward(mode, in, y, dy, p));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda log_softmax, cross-entropy and count_correct", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (auto [n, c] : {std::pair<int64_t, int64_t>{37, 10}, {5, 1000}, {300, 3}}) {
+      INFO(dtype_name(dt) << " [" << n << ", " << c << "]");
+      Tensor x = uniform({n, c}, -4.0, 4.0, dt);
+      Tensor y = kernels::log_softmax(x);
+      Tensor yg = kernels::log_softmax(gpu(x));
+      check(yg, y);
+      Tensor dy = uniform({n, c}, -1.0, 1.0, dt);
+      check(kernels::log_softmax_backward(gpu(dy), yg), kernels::log_softmax_backward(dy, y));
+
+      Tensor t = random_targets(n, c);
+      auto [loss, lp] = kernels::cross_entropy(x, t);
+      auto [lossg, lpg] = kernels::cross_entropy(gpu(x), gpu(t));
+      REQUIRE(lossg.shape() == Shape{});
+      check(lossg, loss);
+      check(lpg, lp);
+      Tensor dloss = full({}, 0.7, dt);
+      check(kernels::cross_entropy_backward(lpg, gpu(t), gpu(dloss)),
+            kernels::cross_entropy_backward(lp, t, dloss));
+
+      Tensor correct = full({1}, 5.0, kInt64), correctg = full({1}, 5.0, kInt64, kGpu);
+      kernels::count_correct(x, t, correct);
+      kernels::count_correct(gpu(x), gpu(t), correctg);
+      kernels::count_correct(x, t, correct);
+      kernels::count_correct(gpu(x), gpu(t), correctg);
+      check_equal(correctg, correct);
+    }
+  }
+  // Many rows, ties between classes, and targets equal to the argmax half of the time.
+  Tensor x = uniform({5000, 10}, 0.0, 4.0, kFloat64).to(kInt64).to(kFloat32);
+  Tensor t = kernels::argmax(x, 1);
+  Tensor half = t.slice(0, 0, 2500);
+  half.copy_(random_targets(2500, 10));
+  Tensor correct = zeros({1}, kInt64), correctg = zeros({1}, kInt64, kGpu);
+  kernels::count_correct(x, t, correct);
+  kernels::count_correct(gpu(x), gpu(t), correctg);
+  check_equal(correctg, correct);
+}
+
+TEST_CASE("cuda index_select and index_add", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dt : {kFloat32, kFloat64, kInt64}) {
+    INFO(dtype_name(dt));
+    Tensor x = uniform({13, 4, 3}, -10.0, 10.0, kFloat64).to(dt);
+    Tensor index = random_targets(29, 13);  // with repeats
+    check_equal(kernels::index_select(gpu(x), gpu(index)), kernels::index_select(x, index));
+    Tensor src = uniform({29, 4, 3}, -10.0, 10.0, kFloat64).to(dt);
+    Tensor out = kernels::index_add(src, index, {13, 4, 3});
+    Tensor outg = kernels::index_add(gpu(src), gpu(index), {13, 4, 3});
+    if (dt == kInt64) {
+      check_equal(outg, out);
+    } else {
+      check(outg, out);  // atomics: the order of the additions varies
+    }
+  }
+  Tensor v = uniform({50}, 0.0, 1.0, kFloat32);
+  Tensor idx = random_targets(71, 50);
+  check_equal(kernels::index_select(gpu(v), gpu(idx)), kernels::index_select(v, idx));
+}
+
+TEST_CASE("cuda batch norm: training, evaluation and backward", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  for (DType dt : kFloatTypes) {
+    for (const Shape& shape : {Shape{8, 6, 5, 7}, Shape{16, 9}, Shape{3, 4, 29, 31}}) {
+      INFO(dtype_name(dt) << " " << shape_str(shape));
+      const int64_t c = shape[1];
+      Tensor x = uniform(shape, -2.0, 3.0, dt);
+      Tensor gamma = uniform({c}, 0.5, 1.5, dt), beta = uniform({c}, -0.5, 0.5, dt);
+      Tensor rm = uniform({c}, -0.5, 0.5, dt), rv = uniform({c}, 0.5, 2.0, dt);
+      Tensor rmg = gpu(rm), rvg = gpu(rv);
+      for (int step = 0; step < 2; ++step) {
+        auto r = kernels::batch_norm_train(x, gamma, beta, rm, rv, 0.1, 1e-5);
+        auto rg = kernels::batch_norm_train(gpu(x), gpu(gamma), gpu(beta), rmg, rvg, 0.1, 1e-5);
+        check(rg.y, r.y, 4);
+        check(rg.save_mean, r.save_mean);
+        check(rg.save_invstd, r.save_invstd, 4);
+        check(rmg, rm);
+        check(rvg, rv);
+        Tensor dy = uniform(shape, -1.0, 1.0, dt);
+        auto g = kernels::batch_norm_backward(dy, x, gamma, r.save_mean, r.save_invstd);
+        auto gg = kernels::batch_norm_backward(gpu(dy), gpu(x), gpu(gamma), rg.save_mean,
+                                               rg.save_invstd);
+        check(gg.dx, g.dx, 4);
+        check(gg.dgamma, g.dgamma, 4);
+        check(gg.dbeta, g.dbeta, 4);
+      }
+      check(kernels::batch_norm_eval(gpu(x), gpu(gamma), gpu(beta), rmg, rvg, 1e-5),
+            kernels::batch_norm_eval(x, gamma, beta, rm, rv, 1e-5), 4);
+    }
+  }
+}
+
+TEST_CASE("cuda SGD and Adam steps", "[cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  SgdParams plain;
+  plain.lr = 0.1;
+  SgdParams momentum;
+  momentum.lr = 0.05;
+  momentum.momentum = 0.9;
+  momentum.dampening = 0.1;
+  momentum.weight_decay = 1e-2;
+  SgdParams nesterov = momentum;
+  nesterov.dampening = 0.0;
+  nesterov.nesterov = true;
+  for (DType dt : kFloatTypes) {
+    for (const SgdParams& base : {plain, momentum, nesterov}) {
+      INFO(dtype_name(dt) << " momentum " << base.momentum << " nesterov " << base.nesterov);
+      Tensor p = uniform({7, 19}, -1.0, 1.0, dt), buf = zeros({7, 19}, dt);
+      Tensor pg = gpu(p), bufg = gpu(buf);
+      for (int step = 0; step < 3; ++step) {
+        SgdParams sp = base;
+        sp.first_step = step == 0;
+        Tensor grad = uniform({7, 19}, -1.0, 1.0, dt);
+        kernels::sgd_step(p, grad, buf, sp);
+        kernels::sgd_step(pg, gpu(grad), bufg, sp);
+        check(pg, p);
+        check(bufg, buf);
+      }
+    }
+    for (bool decoupled : {false, true}) {
+      INFO(dtype_name(dt) << (decoupled ? " AdamW" : " Adam"));
+      Tensor p = uniform({5, 23}, -1.0, 1.0, dt), m = zeros({5, 23}, dt), v = zeros({5, 23}, dt);
+      Tensor pg = gpu(p), mg = gpu(m), vg = gpu(v);
+      for (int64_t step = 1; step <= 3; ++step) {
+        AdamParams ap;
+        ap.lr = 1e-2;
+        ap.weight_decay = 0.05;
+        ap.decoupled_weight_decay = decoupled;
+        ap.step = step;
+        Tensor grad = uniform({5, 23}, -1.0, 1.0, dt);
+        kernels::adam_step(p, grad, m, v, ap);
+        kernels::adam_step(pg, gpu(grad), mg, vg, ap);
+        check(pg, p);
+        check(mg, m);
+        check(vg, v);
+      }
+    }
+  }
+}

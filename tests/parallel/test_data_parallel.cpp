@@ -1,0 +1,170 @@
+// DataParallel: k steps match one device, gradients reach the main module once (hooks see the
+// final sum), backward(losses, scale) weights shards by their share, inputs get gradients.
+#include "autograd/grad_mode.h"
+#include "parallel_test_util.h"
+
+using namespace tandem;
+using namespace tandem::parallel;
+using namespace tandem::test;
+
+namespace {
+
+void check_dp_matches_one_device(const std::vector<Device>& devices, int64_t batch, bool lenet,
+                                 double tol) {
+  Generator gen(42);
+  std::shared_ptr<nn::Module> net =
+      lenet ? std::shared_ptr<nn::Module>(nn::models::lenet({}, gen)) : small_mlp(gen);
+  std::shared_ptr<nn::Module> ref = net->clone();
+  const auto batches = random_batches(5, batch, lenet ? Shape{1, 28, 28} : Shape{8}, gen);
+
+  DataParallel dp(net, devices);
+  nn::optim::SGD opt(dp.parameters(), 0.1, 0.9);
+  std::vector<double> losses;
+  for (const auto& [x, y] : batches) {
+    opt.zero_grad();
+    Tensor logits = dp(x);
+    CHECK(logits.device() == devices[0]);
+    CHECK(logits.shape()[0] == batch);
+    Tensor loss = cross_entropy(logits, y.to(devices[0]));
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  const ReferenceRun expect = train_reference(*ref, batches, 0.1, 0.9);
+  for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == Approx(expect.losses[i]).epsilon(tol));
+  CHECK(max_param_error(*net, *ref) <= tol);
+  for (const auto& replica : dp.replicas()) {
+    for (const Tensor& p : replica->parameters()) CHECK_FALSE(p.grad().defined());
+  }
+}
+
+// One-device gradients of the mean loss over (x, y), for comparison.
+std::vector<Tensor> reference_grads(const nn::Module& net, const Tensor& x, const Tensor& y) {
+  auto copy = net.clone();
+  copy->to(kCPU);
+  cross_entropy(copy->forward(x), y).backward();
+  std::vector<Tensor> gs;
+  for (const Tensor& p : copy->parameters()) gs.push_back(p.grad());
+  return gs;
+}
+
+}  // namespace
+
+TEST_CASE("DataParallel on N virtual CPU devices matches one device", "[parallel]") {
+  for (int n : {2, 3}) {
+    for (int64_t batch : {12, 13}) {
+      DYNAMIC_SECTION(n << " devices, batch " << batch) {
+        check_dp_matches_one_device(cpu_devices(n), batch, false, 1e-5);
+      }
+    }
+  }
+  SECTION("LeNet, 2 devices, batch 13") { check_dp_matches_one_device(cpu_devices(2), 13, true, 1e-5); }
+}
+
+TEST_CASE("DataParallel sums gradients into the main module; hooks fire once", "[parallel]") {
+  Generator gen(12);
+  auto net = small_mlp(gen);
+  auto [x, y] = random_batch(13, {8}, 4, gen);
+  const auto expect = reference_grads(*net, x, y);
+  DataParallel dp(net, cpu_devices(3));
+  const Tensor w = dp.parameters()[0];
+  int calls = 0;
+  Tensor seen;
+  w.register_grad_hook([&](const Tensor& g) {
+    ++calls;
+    seen = g.clone();
+  });
+  cross_entropy(dp(x), y).backward();
+  CHECK(calls == 1);
+  CHECK(rel_error(seen, expect[0]) < 1e-5);
+  const auto params = dp.parameters();
+  for (size_t k = 0; k < params.size(); ++k) CHECK(rel_error(params[k].grad(), expect[k]) < 1e-5);
+
+  // A second backward accumulates, as on one device.
+  cross_entropy(dp(x), y).backward();
+  CHECK(calls == 2);
+  CHECK(rel_error(params[1].grad(), mul(expect[1], 2.0)) < 1e-5);
+}
+
+TEST_CASE("DataParallel::backward weights replica losses by shard share", "[parallel]") {
+  Generator gen(13);
+  auto net = small_mlp(gen);
+  auto [x, y] = random_batch(13, {8}, 4, gen);
+  const auto expect = reference_grads(*net, x, y);
+  const double expect_loss = cross_entropy(net->clone()->forward(x), y).item();
+  DataParallel dp(net, cpu_devices(3));
+  auto loss_fn = [](nn::Module& m, const Tensor& xs, const Tensor& ys) {
+    return cross_entropy(m.forward(xs), ys);
+  };
+  std::vector<Tensor> losses = dp.replica_losses(x, y, loss_fn);
+  REQUIRE(losses.size() == 3);
+  CHECK(dp.last_sizes() == std::vector<int64_t>{5, 4, 4});
+  CHECK(losses[2].device() == Device::cpu(2));
+  CHECK(dp.mean_loss(losses).item() == Approx(expect_loss).epsilon(1e-6));
+  dp.backward(losses, 0.5);
+  const auto params = dp.parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    CHECK(rel_error(params[k].grad(), mul(expect[k], 0.5)) < 1e-5);
+  }
+  // mean_loss is differentiable too: the same gradient through the output device.
+  dp.module().zero_grad();
+  dp.mean_loss(dp.replica_losses(x, y, loss_fn)).backward();
+  for (size_t k = 0; k < params.size(); ++k) CHECK(rel_error(params[k].grad(), expect[k]) < 1e-5);
+  CHECK_THROWS_AS(dp.backward({losses[0]}), ValueError);
+}
+
+TEST_CASE("DataParallel passes gradients back to its input", "[parallel]") {
+  Generator gen(14);
+  auto net = small_mlp(gen);
+  auto [x, y] = random_batch(7, {8}, 4, gen);
+  Tensor x_ref = x.clone().set_requires_grad(true);
+  cross_entropy(net->clone()->forward(x_ref), y).backward();
+  Tensor x_dp = x.clone().set_requires_grad(true);
+  DataParallel dp(net, cpu_devices(2), Device::cpu(1));
+  Tensor out = dp(x_dp);
+  CHECK(out.device() == Device::cpu(1));
+  cross_entropy(out, y.to(Device::cpu(1))).backward();
+  REQUIRE(x_dp.grad().defined());
+  CHECK(rel_error(x_dp.grad(), x_ref.grad()) < 1e-5);
+}
+
+TEST_CASE("DataParallel without grad records nothing; replicas follow the module", "[parallel]") {
+  Generator gen(15);
+  auto net = small_mlp(gen);
+  auto [x, y] = random_batch(6, {8}, 4, gen);
+  DataParallel dp(net, cpu_devices(2));
+  {
+    NoGradGuard no_grad;
+    Tensor out = dp(x);
+    CHECK_FALSE(out.requires_grad());
+    CHECK(rel_error(out, net->forward(x)) < 1e-6);
+  }
+  // An update of the main module reaches every replica at the next forward.
+  net->parameters()[0].fill_(0.25);
+  Tensor out = dp(x);
+  CHECK(rel_error(out, net->forward(x)) < 1e-6);
+  CHECK(replicas_in_sync(dp.replicas()));
+}
+
+TEST_CASE("DataParallel errors name the values", "[parallel]") {
+  Generator gen(16);
+  auto [x, y] = random_batch(2, {8}, 4, gen);
+  DataParallel dp(small_mlp(gen), cpu_devices(3));
+  std::string msg = message_of<ValueError>([&] { dp(x); });
+  CHECK(has(msg, "batch of 2"));
+  CHECK(has(msg, "3 devices"));
+  CHECK_THROWS_AS(DataParallel(small_mlp(gen), {}), ValueError);
+  CHECK_THROWS_AS(DataParallel(small_mlp(gen), {Device::cpu(0), Device::cpu(0)}), ValueError);
+  CHECK_THROWS_AS(DataParallel(nullptr, cpu_devices(2)), ValueError);
+  std::string gpu = message_of<DeviceError>([&] {
+    DataParallel(small_mlp(gen), {Device::cuda(cuda_device_count())});
+  });
+  CHECK(has(gpu, "cuda:"));
+}
+
+TEST_CASE("DataParallel on two GPUs matches the CPU", "[parallel][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  if (!have_two_gpus()) return;
+  check_dp_matches_one_device(cuda_devices(2), 13, false, 1e-4);
+  check_dp_matches_one_device(cuda_devices(2), 13, true, 1e-4);
+}

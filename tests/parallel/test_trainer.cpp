@@ -1,0 +1,159 @@
+// ScratchTrainer: k steps on N devices give the parameters of one device on the same global
+// batches, the replicas stay identical, and the trace is valid Chrome trace JSON.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "parallel_test_util.h"
+
+using namespace tandem;
+using namespace tandem::parallel;
+using namespace tandem::test;
+
+namespace {
+
+void check_matches_one_device(const std::string& comm, const std::vector<Device>& devices,
+                              int64_t batch, bool lenet, double tol) {
+  Generator gen(42);
+  std::shared_ptr<nn::Module> net =
+      lenet ? std::shared_ptr<nn::Module>(nn::models::lenet({}, gen)) : small_mlp(gen);
+  std::shared_ptr<nn::Module> ref = net->clone();
+  const Shape rest = lenet ? Shape{1, 28, 28} : Shape{8};
+  const auto batches = random_batches(5, batch, rest, gen);
+
+  ScratchTrainer trainer(net, devices, comm, sgd_factory(0.1, 0.9));
+  REQUIRE(&trainer.module() == net.get());
+  std::vector<double> losses;
+  for (const auto& [x, y] : batches) {
+    Tensor loss = trainer.train_batch(x, y);
+    CHECK(loss.device() == devices[0]);
+    losses.push_back(loss.item());
+  }
+  const ReferenceRun expect = train_reference(*ref, batches, 0.1, 0.9);
+  for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == Approx(expect.losses[i]).epsilon(tol));
+  CHECK(max_param_error(trainer.module(), *ref) <= tol);
+  CHECK(replicas_in_sync(trainer.replicas()));
+  CHECK(static_cast<int64_t>(trainer.correct().item()) == expect.correct);
+  CHECK(trainer.examples() == 5 * batch);
+}
+
+}  // namespace
+
+TEST_CASE("ScratchTrainer on N virtual CPU devices matches one device", "[parallel]") {
+  for (const char* comm : {"naive", "ring"}) {
+    for (int n : {2, 3}) {
+      for (int64_t batch : {12, 13}) {
+        DYNAMIC_SECTION(comm << ", " << n << " devices, batch " << batch) {
+          check_matches_one_device(comm, cpu_devices(n), batch, false, 1e-5);
+        }
+      }
+    }
+  }
+  SECTION("LeNet, ring, 3 devices, batch 13") {
+    check_matches_one_device("ring", cpu_devices(3), 13, true, 1e-5);
+  }
+}
+
+TEST_CASE("ScratchTrainer replicas stay identical over many steps", "[parallel]") {
+  Generator gen(8);
+  ScratchTrainer trainer(small_mlp(gen), cpu_devices(3), "ring", sgd_factory(0.05, 0.9));
+  const auto batches = random_batches(25, 13, {8}, gen);
+  double first = 0, last = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    double loss = trainer.train_batch(batches[i].first, batches[i].second).item();
+    if (i == 0) first = loss;
+    last = loss;
+  }
+  CHECK(replicas_max_difference(trainer.replicas()) == 0.0);
+  CHECK(last < first);
+  trainer.reset_metrics();
+  CHECK(trainer.correct().item() == 0.0);
+  CHECK(trainer.examples() == 0);
+}
+
+TEST_CASE("ScratchTrainer errors name the values", "[parallel]") {
+  Generator gen(1);
+  ScratchTrainer trainer(small_mlp(gen), cpu_devices(3), "naive", sgd_factory(0.1, 0.0));
+  auto [x, y] = random_batch(2, {8}, 4, gen);
+  std::string msg = message_of<ValueError>([&] { trainer.train_batch(x, y); });
+  CHECK(has(msg, "batch of 2"));
+  CHECK(has(msg, "3 devices"));
+  auto [x5, y5] = random_batch(5, {8}, 4, gen);
+  CHECK_THROWS_AS(trainer.train_batch(x5, y), ShapeError);
+  CHECK_THROWS_AS(ScratchTrainer(small_mlp(gen), cpu_devices(2), "tree", sgd_factory(0.1, 0.0)),
+                  ValueError);
+  CHECK_THROWS_AS(ScratchTrainer(small_mlp(gen), {Device::cpu(1), Device::cpu(1)}, "ring",
+                                 sgd_factory(0.1, 0.0)),
+                  ValueError);
+}
+
+TEST_CASE("replicas with different parameter shapes are rejected", "[parallel]") {
+  Generator gen(2);
+  auto a = small_mlp(gen);
+  auto b = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 12, true, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(12, 4, true, gen)});
+  b->to(Device::cpu(1));
+  std::string msg = message_of<ShapeError>([&] { check_replicas({a, b}); });
+  CHECK(has(msg, "replica 1"));
+  CHECK(has(msg, "0.weight"));
+  CHECK(has(msg, "[12,8]"));
+  CHECK(has(msg, "[16,8]"));
+  CHECK_THROWS_AS(broadcast_parameters({a, b}), ShapeError);
+  CHECK_THROWS_AS(replicas_in_sync({a, b}), ShapeError);
+}
+
+TEST_CASE("broadcast_parameters brings replicas back in sync", "[parallel]") {
+  Generator gen(4);
+  auto devices = cpu_devices(3);
+  Replicas replicas = replicate(small_mlp(gen), devices);
+  CHECK(replicas_in_sync(replicas));
+  replicas[2]->parameters()[0].fill_(3.0);
+  CHECK_FALSE(replicas_in_sync(replicas));
+  broadcast_parameters(replicas);
+  CHECK(replicas_in_sync(replicas));
+  replicas[1]->parameters()[1].fill_(-1.0);
+  auto ring = make_communicator("ring", devices);
+  broadcast_parameters(replicas, ring.get());
+  CHECK(replicas_in_sync(replicas));
+}
+
+TEST_CASE("a traced step writes Chrome trace JSON", "[parallel]") {
+  Generator gen(6);
+  auto devices = cpu_devices(2);
+  ScratchTrainer trainer(small_mlp(gen), devices, "ring", sgd_factory(0.1, 0.0));
+  Trace trace(devices);
+  trainer.set_trace(&trace);
+  auto [x, y] = random_batch(8, {8}, 4, gen);
+  trainer.train_batch(x, y);
+  trainer.train_batch(x, y);
+  trainer.set_trace(nullptr);
+  trainer.train_batch(x, y);
+  CHECK(trace.size() == 2 * 2 * 3);  // steps x devices x (compute, allreduce, optimizer)
+  const std::string json = trace.json();
+  CHECK(has(json, "\"traceEvents\""));
+  CHECK(has(json, "\"ph\": \"X\""));
+  CHECK(has(json, "forward+backward"));
+  CHECK(has(json, "allreduce ring"));
+  CHECK(has(json, "\"name\": \"cpu:1\""));
+  CHECK(has(json, "\"name\": \"comm\""));
+  const std::string path = "tandem_test_trace.json.trace";
+  trace.write(path);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str() == json);
+  std::remove(path.c_str());
+  CHECK_THROWS_AS(trace.span(Device::cpu(5), "x"), DeviceError);
+}
+
+TEST_CASE("ScratchTrainer on two GPUs matches the CPU", "[parallel][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  if (!have_two_gpus()) return;
+  for (const std::string& comm : communicator_names(cuda_devices(2))) {
+    DYNAMIC_SECTION(comm) {
+      check_matches_one_device(comm, cuda_devices(2), 13, false, 1e-4);
+      check_matches_one_device(comm, cuda_devices(2), 13, true, 1e-4);
+    }
+  }
+}
