@@ -15,7 +15,7 @@ namespace {
 
 struct NodeTask {
   std::shared_ptr<Node> node;
-  TensorList grads;  // one slot per node output, summed as gradients arrive
+  TensorList grads;          // one slot per node output, summed as gradients arrive
   int64_t dependencies = 0;  // edges from not-yet-run nodes of this graph
 };
 
@@ -69,8 +69,8 @@ bool any_defined(const TensorList& ts) {
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph) {
-  TANDEM_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), Value, "backward: ",
-               roots.size(), " roots but ", grad_roots.size(), " root gradients");
+  TANDEM_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(), Value,
+               "backward: ", roots.size(), " roots but ", grad_roots.size(), " root gradients");
   // Backward functions are built from kernels:: ops, which never record; turning recording
   // off also keeps hooks that call differentiable ops from growing the graph.
   NoGradGuard no_grad;
@@ -90,8 +90,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
                    " is not a scalar; pass a grad_output of shape ", shape_str(root.shape()));
       g = ones(root.shape(), root.dtype(), root.device());
     } else {
-      TANDEM_CHECK(g.shape() == root.shape(), Shape, "backward: grad_output ",
-                   shape_str(g.shape()), " for an output of shape ", shape_str(root.shape()));
+      TANDEM_CHECK(g.shape() == root.shape(), Shape, "backward: grad_output ", shape_str(g.shape()),
+                   " for an output of shape ", shape_str(root.shape()));
       TANDEM_CHECK(g.device() == root.device(), Device, "backward: grad_output on ",
                    g.device().str(), " for an output on ", root.device().str());
       TANDEM_CHECK(g.dtype() == root.dtype(), DType, "backward: ", dtype_name(g.dtype()),
@@ -128,8 +128,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       grads.resize(n->num_outputs);
       input_grads = n->apply(std::move(grads));
       TANDEM_CHECK(input_grads.empty() || input_grads.size() == n->next_edges.size(), Error,
-                   "backward: ", n->name(), " returned ", input_grads.size(),
-                   " gradients for ", n->next_edges.size(), " inputs");
+                   "backward: ", n->name(), " returned ", input_grads.size(), " gradients for ",
+                   n->next_edges.size(), " inputs");
     }
     if (!retain_graph) n->release();
     for (size_t i = 0; i < n->next_edges.size(); ++i) {

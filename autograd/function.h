@@ -16,14 +16,20 @@
 
 namespace tandem::autograd {
 
-inline Tensor saved(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
+inline Tensor saved(const Tensor& t) {
+  return t.defined() ? t.detach() : Tensor();
+}
 
 // Whether the backward must produce a gradient for t (decided at forward time).
-inline bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
+inline bool needs_grad(const Tensor& t) {
+  return t.defined() && t.requires_grad();
+}
 
 // A view result must be a TensorImpl of its own before history is recorded on it: the raw
 // view members may hand back the input itself when nothing changes.
-inline Tensor fresh_alias(const Tensor& y, const Tensor& x) { return y.same(x) ? x.detach() : y; }
+inline Tensor fresh_alias(const Tensor& y, const Tensor& x) {
+  return y.same(x) ? x.detach() : y;
+}
 
 // Dims reduced by a reduction over `dims` of a tensor with `ndim` dims (empty = all).
 std::vector<bool> reduced_dims_mask(const char* op, int64_t ndim, const std::vector<int64_t>& dims);

@@ -37,13 +37,12 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 }  // namespace
 
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                          const std::vector<Tensor>& inputs, double eps, double atol,
-                          double rtol) {
+                          const std::vector<Tensor>& inputs, double eps, double atol, double rtol) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& in = inputs[i];
     if (!in.defined() || !in.requires_grad()) continue;
-    TANDEM_CHECK(in.dtype() == kFloat64, DType, "gradcheck: input ", i,
-                 " requires grad but is ", in.str(), "; use float64");
+    TANDEM_CHECK(in.dtype() == kFloat64, DType, "gradcheck: input ", i, " requires grad but is ",
+                 in.str(), "; use float64");
     TANDEM_CHECK(in.is_leaf(), Value, "gradcheck: input ", i, " ", in.str(),
                  " requires grad but is not a leaf (its .grad is never written)");
   }
@@ -95,13 +94,14 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
       const double a = analytic[i][j];
       const double abs_err = std::abs(a - numeric);
       result.max_abs_error = std::max(result.max_abs_error, abs_err);
-      result.max_rel_error = std::max(result.max_rel_error, abs_err / std::max(std::abs(numeric), 1e-12));
+      result.max_rel_error =
+          std::max(result.max_rel_error, abs_err / std::max(std::abs(numeric), 1e-12));
       if (result.ok && !(abs_err <= atol + rtol * std::abs(numeric))) {
         result.ok = false;
         std::ostringstream os;
         os.precision(10);
-        os << "input " << i << " " << shape_str(in.shape()) << ", element " << j
-           << ": analytic " << a << ", numeric " << numeric << " (|diff| " << abs_err << ")";
+        os << "input " << i << " " << shape_str(in.shape()) << ", element " << j << ": analytic "
+           << a << ", numeric " << numeric << " (|diff| " << abs_err << ")";
         result.message = os.str();
       }
     }

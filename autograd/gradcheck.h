@@ -17,10 +17,11 @@ struct GradcheckResult {
 
 // fn maps the inputs to one output tensor (any shape). Every input that requires grad must be
 // a float64 leaf; inputs that do not require grad are held fixed. Inputs may live on any
-// device (they are perturbed through a host copy). fn runs 2 * numel + 1 times. Compares the analytic gradient of sum(output * w) for a fixed random w with central
-// differences of step eps. Passes when |a - n| <= atol + rtol * |n| for every element.
+// device (they are perturbed through a host copy). fn runs 1 + 2 * (elements of the inputs that
+// require grad) times. Compares the analytic gradient of sum(output * w) for a fixed random w
+// with central differences of step eps. Passes when |a - n| <= atol + rtol * |n| for every element.
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                          const std::vector<Tensor>& inputs, double eps = 1e-6,
-                          double atol = 1e-5, double rtol = 1e-3);
+                          const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5,
+                          double rtol = 1e-3);
 
 }  // namespace tandem::autograd

@@ -143,8 +143,8 @@ void record(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
   }
 }
 
-void record(const char* name, const std::vector<Tensor>& inputs,
-            const std::vector<Tensor>& outputs, FunctionNode::BackwardFn backward) {
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            FunctionNode::BackwardFn backward) {
   record(std::make_shared<FunctionNode>(name, std::move(backward)), inputs, outputs);
 }
 

@@ -65,9 +65,9 @@ struct FunctionNode : Node {
 struct AutogradMeta : AutogradMetaBase {
   ~AutogradMeta() override;  // iterative deleter for grad_fn (see ~Node)
   bool requires_grad = false;
-  Tensor grad;                      // leaves only
-  std::shared_ptr<Node> grad_fn;    // non-leaves: producing node
-  uint32_t output_nr = 0;           // which output of grad_fn
+  Tensor grad;                    // leaves only
+  std::shared_ptr<Node> grad_fn;  // non-leaves: producing node
+  uint32_t output_nr = 0;         // which output of grad_fn
   // Leaves: created lazily by gradient_edge and cached here. The accumulator refers back to
   // the leaf weakly, so leaf -> accumulator -> leaf is not an ownership cycle.
   std::shared_ptr<Node> grad_accumulator;
@@ -105,7 +105,7 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 //   if (any_requires_grad({&x})) record("Relu", {x}, {y}, [x](TensorList&& g) {...});
 void record(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& outputs);
-void record(const char* name, const std::vector<Tensor>& inputs,
-            const std::vector<Tensor>& outputs, FunctionNode::BackwardFn backward);
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            FunctionNode::BackwardFn backward);
 
 }  // namespace tandem::autograd

@@ -22,8 +22,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor y = kernels::binary(BinaryOp::Add, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     record("Add", {a, b}, {y},
-           [sa = a.shape(), sb = b.shape(), na = needs_grad(a), nb = needs_grad(b)](
-               TensorList&& g) -> TensorList {
+           [sa = a.shape(), sb = b.shape(), na = needs_grad(a),
+            nb = needs_grad(b)](TensorList&& g) -> TensorList {
              return {reduce_to(na, g[0], sa), reduce_to(nb, g[0], sb)};
            });
   }
@@ -34,8 +34,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor y = kernels::binary(BinaryOp::Sub, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     record("Sub", {a, b}, {y},
-           [sa = a.shape(), sb = b.shape(), na = needs_grad(a), nb = needs_grad(b)](
-               TensorList&& g) -> TensorList {
+           [sa = a.shape(), sb = b.shape(), na = needs_grad(a),
+            nb = needs_grad(b)](TensorList&& g) -> TensorList {
              Tensor gb = nb ? kernels::unary(UnaryOp::Neg, kernels::sum_to(g[0], sb)) : Tensor();
              return {reduce_to(na, g[0], sa), gb};
            });
@@ -47,13 +47,14 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor y = kernels::binary(BinaryOp::Mul, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
     const bool na = needs_grad(a), nb = needs_grad(b);
-    record("Mul", {a, b}, {y},
-           [sa = a.shape(), sb = b.shape(), na, nb, a = nb ? saved(a) : Tensor(),
-            b = na ? saved(b) : Tensor()](TensorList&& g) -> TensorList {
-             Tensor ga = na ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], b), sa) : Tensor();
-             Tensor gb = nb ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], a), sb) : Tensor();
-             return {ga, gb};
-           });
+    record(
+        "Mul", {a, b}, {y},
+        [sa = a.shape(), sb = b.shape(), na, nb, a = nb ? saved(a) : Tensor(),
+         b = na ? saved(b) : Tensor()](TensorList&& g) -> TensorList {
+          Tensor ga = na ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], b), sa) : Tensor();
+          Tensor gb = nb ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], a), sb) : Tensor();
+          return {ga, gb};
+        });
   }
   return y;
 }
@@ -63,17 +64,18 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     const bool na = needs_grad(a), nb = needs_grad(b);
     // d(a/b)/db = -(a/b)/b = -y/b: saves y instead of a.
-    record("Div", {a, b}, {y},
-           [sa = a.shape(), sb = b.shape(), na, nb, b = saved(b), y = nb ? saved(y) : Tensor()](
-               TensorList&& g) -> TensorList {
-             Tensor ga = na ? kernels::sum_to(kernels::binary(BinaryOp::Div, g[0], b), sa) : Tensor();
-             Tensor gb;
-             if (nb) {
-               Tensor t = kernels::binary(BinaryOp::Div, kernels::binary(BinaryOp::Mul, g[0], y), b);
-               gb = kernels::unary(UnaryOp::Neg, kernels::sum_to(t, sb));
-             }
-             return {ga, gb};
-           });
+    record(
+        "Div", {a, b}, {y},
+        [sa = a.shape(), sb = b.shape(), na, nb, b = saved(b),
+         y = nb ? saved(y) : Tensor()](TensorList&& g) -> TensorList {
+          Tensor ga = na ? kernels::sum_to(kernels::binary(BinaryOp::Div, g[0], b), sa) : Tensor();
+          Tensor gb;
+          if (nb) {
+            Tensor t = kernels::binary(BinaryOp::Div, kernels::binary(BinaryOp::Mul, g[0], y), b);
+            gb = kernels::unary(UnaryOp::Neg, kernels::sum_to(t, sb));
+          }
+          return {ga, gb};
+        });
   }
   return y;
 }
@@ -89,9 +91,8 @@ Tensor add(const Tensor& a, double s) {
 Tensor mul(const Tensor& a, double s) {
   Tensor y = kernels::scalar(ScalarOp::Mul, a, s);
   if (autograd::any_requires_grad({&a})) {
-    record("MulScalar", {a}, {y}, [s](TensorList&& g) -> TensorList {
-      return {kernels::scalar(ScalarOp::Mul, g[0], s)};
-    });
+    record("MulScalar", {a}, {y},
+           [s](TensorList&& g) -> TensorList { return {kernels::scalar(ScalarOp::Mul, g[0], s)}; });
   }
   return y;
 }
@@ -113,9 +114,8 @@ Tensor pow(const Tensor& a, double exponent) {
 Tensor neg(const Tensor& x) {
   Tensor y = kernels::unary(UnaryOp::Neg, x);
   if (autograd::any_requires_grad({&x})) {
-    record("Neg", {x}, {y}, [](TensorList&& g) -> TensorList {
-      return {kernels::unary(UnaryOp::Neg, g[0])};
-    });
+    record("Neg", {x}, {y},
+           [](TensorList&& g) -> TensorList { return {kernels::unary(UnaryOp::Neg, g[0])}; });
   }
   return y;
 }
@@ -180,15 +180,35 @@ Tensor tanh(const Tensor& x) {
   return y;
 }
 
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, double s) { return add(a, s); }
-Tensor operator-(const Tensor& a, double s) { return add(a, -s); }
-Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
-Tensor operator/(const Tensor& a, double s) { return mul(a, 1.0 / s); }
-Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+Tensor operator-(const Tensor& x) {
+  return neg(x);
+}
+Tensor operator+(const Tensor& a, double s) {
+  return add(a, s);
+}
+Tensor operator-(const Tensor& a, double s) {
+  return add(a, -s);
+}
+Tensor operator*(const Tensor& a, double s) {
+  return mul(a, s);
+}
+Tensor operator/(const Tensor& a, double s) {
+  return mul(a, 1.0 / s);
+}
+Tensor operator*(double s, const Tensor& a) {
+  return mul(a, s);
+}
 
 }  // namespace tandem

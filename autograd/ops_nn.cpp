@@ -15,8 +15,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     const bool na = needs_grad(a), nb = needs_grad(b);
     record("Matmul", {a, b}, {y},
-           [na, nb, a = nb ? saved(a) : Tensor(), b = na ? saved(b) : Tensor()](
-               TensorList&& g) -> TensorList {
+           [na, nb, a = nb ? saved(a) : Tensor(),
+            b = na ? saved(b) : Tensor()](TensorList&& g) -> TensorList {
              Tensor ga = na ? kernels::matmul(g[0], b, false, true) : Tensor();  // g @ b^T
              Tensor gb = nb ? kernels::matmul(a, g[0], true, false) : Tensor();  // a^T @ g
              return {ga, gb};
@@ -26,13 +26,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = kernels::matmul(x, w, false, true);  // [N, in] @ [out, in]^T -> [N, out]
+  Tensor y = kernels::matmul(x, w, false, true);           // [N, in] @ [out, in]^T -> [N, out]
   if (b.defined()) kernels::binary_(BinaryOp::Add, y, b);  // b [out] broadcast over rows
   if (autograd::any_requires_grad({&x, &w, &b})) {
     const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
     record("Linear", {x, w, b}, {y},
-           [nx, nw, nb, x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor()](
-               TensorList&& g) -> TensorList {
+           [nx, nw, nb, x = nw ? saved(x) : Tensor(),
+            w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
              Tensor gx = nx ? kernels::matmul(g[0], w) : Tensor();               // [N, in]
              Tensor gw = nw ? kernels::matmul(g[0], x, true, false) : Tensor();  // [out, in]
              Tensor gb = nb ? kernels::sum(g[0], {0}) : Tensor();                // [out]
@@ -64,10 +64,9 @@ namespace {
 Tensor pool2d(const char* name, PoolMode mode, const Tensor& x, const Pool2dParams& p) {
   Tensor y = kernels::pool2d(mode, x, p);  // [N, C, P, Q]
   if (autograd::any_requires_grad({&x})) {
-    record(name, {x}, {y},
-           [mode, p, x = saved(x), y = saved(y)](TensorList&& g) -> TensorList {
-             return {kernels::pool2d_backward(mode, x, y, g[0].contiguous(), p)};
-           });
+    record(name, {x}, {y}, [mode, p, x = saved(x), y = saved(y)](TensorList&& g) -> TensorList {
+      return {kernels::pool2d_backward(mode, x, y, g[0].contiguous(), p)};
+    });
   }
   return y;
 }
@@ -134,8 +133,8 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
              Tensor gx = nx ? kernels::binary(BinaryOp::Mul, g[0], scale) : Tensor();
              Tensor gg, gb;
              if (ng) {
-               Tensor xhat = kernels::binary(BinaryOp::Mul,
-                                             kernels::binary(BinaryOp::Sub, x, mean), invstd);
+               Tensor xhat =
+                   kernels::binary(BinaryOp::Mul, kernels::binary(BinaryOp::Sub, x, mean), invstd);
                gg = kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], xhat), cs).reshape({c});
              }
              if (nb) gb = kernels::sum_to(g[0], cs).reshape({c});

@@ -6,7 +6,8 @@ namespace tandem {
 
 namespace autograd {
 
-std::vector<bool> reduced_dims_mask(const char* op, int64_t ndim, const std::vector<int64_t>& dims) {
+std::vector<bool> reduced_dims_mask(const char* op, int64_t ndim,
+                                    const std::vector<int64_t>& dims) {
   std::vector<bool> mask(static_cast<size_t>(ndim), dims.empty());
   for (int64_t d : dims) {
     const int64_t nd = d < 0 ? d + ndim : d;
@@ -97,10 +98,10 @@ Tensor max(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
       }
       const int64_t rows = g[0].numel();
       const int64_t cols = rows == 0 ? 0 : x.numel() / rows;
-      Tensor x2 = x.permute(perm).reshape({rows, cols});  // [R, C]
-      Tensor first = kernels::argmax(x2, 1).to(x.dtype()).reshape({rows, 1});  // [R, 1]
+      Tensor x2 = x.permute(perm).reshape({rows, cols});                          // [R, C]
+      Tensor first = kernels::argmax(x2, 1).to(x.dtype()).reshape({rows, 1});     // [R, 1]
       Tensor col = arange(0, cols, 1, x.dtype(), x.device()).reshape({1, cols});  // [1, C]
-      Tensor onehot = kernels::binary(BinaryOp::Eq, first, col);  // [R, C]
+      Tensor onehot = kernels::binary(BinaryOp::Eq, first, col);                  // [R, C]
       Tensor gx = kernels::binary(BinaryOp::Mul, onehot, g[0].reshape({rows, 1}));
       return {gx.reshape(permuted).permute(inverse)};
     });

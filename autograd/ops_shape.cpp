@@ -17,9 +17,8 @@ using autograd::TensorList;
 Tensor reshape(const Tensor& x, const Shape& shape) {
   Tensor y = fresh_alias(x.reshape(shape), x);
   if (autograd::any_requires_grad({&x})) {
-    record("Reshape", {x}, {y}, [xs = x.shape()](TensorList&& g) -> TensorList {
-      return {g[0].reshape(xs)};
-    });
+    record("Reshape", {x}, {y},
+           [xs = x.shape()](TensorList&& g) -> TensorList { return {g[0].reshape(xs)}; });
   }
   return y;
 }
@@ -39,9 +38,8 @@ Tensor flatten(const Tensor& x, int64_t start_dim) {
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   Tensor y = fresh_alias(x.transpose(d0, d1), x);
   if (autograd::any_requires_grad({&x})) {
-    record("Transpose", {x}, {y}, [d0, d1](TensorList&& g) -> TensorList {
-      return {g[0].transpose(d0, d1)};
-    });
+    record("Transpose", {x}, {y},
+           [d0, d1](TensorList&& g) -> TensorList { return {g[0].transpose(d0, d1)}; });
   }
   return y;
 }
@@ -49,12 +47,11 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   Tensor y = fresh_alias(x.slice(dim, start, end), x);
   if (autograd::any_requires_grad({&x})) {
-    record("Slice", {x}, {y},
-           [xs = x.shape(), dim, start, end](TensorList&& g) -> TensorList {
-             Tensor gx = zeros(xs, g[0].dtype(), g[0].device());
-             gx.slice(dim, start, end).copy_(g[0]);  // same normalization as the forward
-             return {gx};
-           });
+    record("Slice", {x}, {y}, [xs = x.shape(), dim, start, end](TensorList&& g) -> TensorList {
+      Tensor gx = zeros(xs, g[0].dtype(), g[0].device());
+      gx.slice(dim, start, end).copy_(g[0]);  // same normalization as the forward
+      return {gx};
+    });
   }
   return y;
 }
@@ -91,8 +88,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     for (int64_t j = 0; compatible && j < n; ++j) {
       compatible = j == d || x.size(j) == first.size(j);
     }
-    TANDEM_CHECK(compatible, Shape, "cat: along dim ", d, ": tensor ", i, " ",
-                 shape_str(x.shape()), " does not match tensor 0 ", shape_str(first.shape()));
+    TANDEM_CHECK(compatible, Shape, "cat: along dim ", d, ": tensor ", i, " ", shape_str(x.shape()),
+                 " does not match tensor 0 ", shape_str(first.shape()));
     sizes.push_back(x.size(d));
     out_shape[static_cast<size_t>(d)] += x.size(d);
   }
@@ -125,9 +122,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 Tensor to_device(const Tensor& x, Device device) {
   Tensor y = fresh_alias(x.to(device), x);
   if (autograd::any_requires_grad({&x})) {
-    record("ToDevice", {x}, {y}, [src = x.device()](TensorList&& g) -> TensorList {
-      return {g[0].to(src)};
-    });
+    record("ToDevice", {x}, {y},
+           [src = x.device()](TensorList&& g) -> TensorList { return {g[0].to(src)}; });
   }
   return y;
 }

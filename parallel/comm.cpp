@@ -7,6 +7,7 @@ namespace tandem::parallel {
 
 Communicator::Communicator(std::vector<Device> devices) : devices_(std::move(devices)) {
   check_device_list(devices_, "communicator");
+  enable_peer_access(devices_);  // peer copies over NVLink, not through the host
 }
 
 void Communicator::check_tensors(const char* op, const std::vector<Tensor>& ts) const {

@@ -85,7 +85,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& ts) {
   check_tensors("allreduce_sum", ts);
-  if (ts[0].numel() == 0) return;
+  if (ts.size() == 1 || ts[0].numel() == 0) return;
   std::vector<Tensor> flat;
   for (const Tensor& t : ts) flat.push_back(flat_view(t));
   const ncclDataType_t type = nccl_type(ts[0].dtype());
@@ -101,7 +101,7 @@ void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& ts) {
 void NcclCommunicator::broadcast(const std::vector<Tensor>& ts, size_t root) {
   check_tensors("broadcast", ts);
   check_root("broadcast", root);
-  if (ts[0].numel() == 0) return;
+  if (ts.size() == 1 || ts[0].numel() == 0) return;
   std::vector<Tensor> flat;
   for (const Tensor& t : ts) flat.push_back(flat_view(t));
   const ncclDataType_t type = nccl_type(ts[0].dtype());

@@ -52,6 +52,11 @@ void synchronize(const std::vector<Device>& devices) {
   for (Device d : devices) ::tandem::synchronize(d);
 }
 
+// Note [peer access and memory pools]
+// cudaDeviceEnablePeerAccess covers memory from cudaMalloc only. tandem allocates from each
+// device's default memory pool (cudaMallocAsync), whose memory a peer may touch only after
+// cudaMemPoolSetAccess grants it; without that, cudaMemcpyPeerAsync between two pool blocks
+// silently stages through the host at a tenth of NVLink's speed. So both are done here.
 bool enable_peer_access(const std::vector<Device>& devices) {
   bool all = true;
 #ifdef TANDEM_WITH_CUDA
@@ -71,6 +76,14 @@ bool enable_peer_access(const std::vector<Device>& devices) {
       } else {
         TANDEM_CUDA_CHECK(e);
       }
+      // Device a may read and write b's pool memory.
+      cudaMemPool_t pool;
+      TANDEM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, b.index));
+      cudaMemAccessDesc access = {};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = a.index;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      TANDEM_CUDA_CHECK(cudaMemPoolSetAccess(pool, &access, 1));
     }
   }
 #else

@@ -48,7 +48,9 @@ std::string devices_str(const std::vector<Device>& devices);
 void synchronize(const std::vector<Device>& devices);
 
 // Enables direct GPU-to-GPU access (NVLink / PCIe peer copies) between every pair of the CUDA
-// devices in the list; already enabled pairs are fine. Returns true when every pair has it,
+// devices in the list, for cudaMalloc memory and for the memory pools tandem allocates from
+// (Note [peer access and memory pools]); already enabled pairs are fine. Communicators,
+// ScratchTrainer and DataParallel call it for their devices. Returns true when every pair has it,
 // false when some pair cannot (copies between those then go through the host, still correct).
 // A no-op returning true for CPU devices and single devices.
 bool enable_peer_access(const std::vector<Device>& devices);

@@ -1,6 +1,15 @@
 // Elementwise kernels: fill, copy (with dtype conversion), unary, binary, scalar, axpby.
 // All take arbitrary strides; the loops live in map1/map2 (cpu_kernels.h).
+//
+// Note [no-trapping-math]: with GCC's default -ftrapping-math a floating-point comparison may
+// raise an FP exception flag, so `x > 0 ? x : 0` (relu, max, clamps) is kept as a branch and the
+// loop around it is not vectorized. tandem never reads FP exception flags; dropping that
+// guarantee for this file lets those loops vectorize and leaves every result unchanged.
+#pragma GCC optimize("no-trapping-math")
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -22,6 +31,42 @@ inline T min_nan(T a, T b) {
   return (a < b || a != a) ? a : b;
 }
 
+// Note [vectorizable exp]: std::exp is an opaque libm call per element, which made sigmoid the
+// most expensive elementwise op of LeNet. exp_fast is plain arithmetic the compiler vectorizes:
+// x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) from the Cephes expf
+// polynomial (about 1 ulp), and 2^n applied as two exactly representable powers of two, so
+// results down to the smallest denormal and up to overflow (inf) come out right. float32 only:
+// float64 keeps std::exp, it is the precision reference (gradcheck) rather than the fast path.
+inline float exp_fast(float x) {
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  xc = x != x ? 0.0f : xc;
+  // Round to nearest by the 1.5 * 2^23 trick (valid for |t| < 2^22).
+  const float fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t n = static_cast<int32_t>(fn);  // in [-150, 128]
+  const int32_t n1 = n >> 1, n2 = n - n1;
+  const float s1 = std::bit_cast<float>(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = std::bit_cast<float>(static_cast<uint32_t>(n2 + 127) << 23);
+  return x != x ? x : p * s1 * s2;
+}
+
+template <typename T>
+inline T exp_t(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return exp_fast(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
   switch (op) {
@@ -37,11 +82,11 @@ void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
   }
   if constexpr (kFloat<T>) {
     switch (op) {
-      case UnaryOp::Exp: return map1<T, T>(x, out, [](T v) { return std::exp(v); });
+      case UnaryOp::Exp: return map1<T, T>(x, out, [](T v) { return exp_t(v); });
       case UnaryOp::Log: return map1<T, T>(x, out, [](T v) { return std::log(v); });
       // 1 / (1 + e^-x) saturates cleanly at both ends: e^-x = inf gives exactly 0.
       case UnaryOp::Sigmoid:
-        return map1<T, T>(x, out, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+        return map1<T, T>(x, out, [](T v) { return T(1) / (T(1) + exp_t(-v)); });
       case UnaryOp::Tanh: return map1<T, T>(x, out, [](T v) { return std::tanh(v); });
       case UnaryOp::Sqrt: return map1<T, T>(x, out, [](T v) { return std::sqrt(v); });
       case UnaryOp::Reciprocal: return map1<T, T>(x, out, [](T v) { return T(1) / v; });

@@ -122,6 +122,8 @@ void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device devic
   int got = 0;
   if (benchmark_mode()) {
     DataPtr ws = allocate(device, kFindWorkspace);
+    // Find*Ex blocks the host anyway; make sure the inputs and the workspace are ready first.
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_cuda_stream(device)));
     TANDEM_CUDNN_CHECK(Pass::find(h, plan, bufs, &got, perf, ws.get(), kFindWorkspace));
   } else {
     TANDEM_CUDNN_CHECK(Pass::heuristics(h, plan, &got, perf));

@@ -9,8 +9,8 @@
 namespace tandem {
 
 // Each copy is enqueued on one stream and ordered only there:
-// - CPU -> GPU: the destination's current stream. The host buffer may be reused as soon as
-//   the call returns (pageable memory is staged by the driver before the call returns).
+// - CPU -> GPU: the destination's current stream. tandem's host memory is pageable, which the
+//   driver stages before the call returns, so the host buffer may be reused at once.
 // - GPU -> CPU: the source's current stream, then the host waits for that stream, so the
 //   bytes are in place when the call returns.
 // - GPU -> GPU (same or another device): the destination's current stream (a peer copy for

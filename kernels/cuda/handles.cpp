@@ -5,7 +5,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/allocator.h"
 #include "core/cuda_check.h"
 
 namespace tandem::gpu {
@@ -17,7 +16,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 struct HandleSet {
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
-  std::unordered_map<cudaStream_t, DataPtr> cublas_workspace;  // one per stream, kept
+  std::unordered_map<cudaStream_t, void*> cublas_workspace;  // one per stream, never freed
 };
 
 // Handle sets not owned by any live thread, per device index (see Note [handle lifetime]).
@@ -78,9 +77,12 @@ cublasHandle_t cublas_handle(Device d) {
   cudaStream_t stream = current_cuda_stream(d);
   // cublasSetStream resets the workspace to cuBLAS's own, so set ours again after it.
   TANDEM_CUBLAS_CHECK(cublasSetStream(h.cublas, stream));
-  DataPtr& ws = h.cublas_workspace[stream];
-  if (!ws) ws = allocate(d, kCublasWorkspaceBytes);
-  TANDEM_CUBLAS_CHECK(cublasSetWorkspace(h.cublas, ws.get(), kCublasWorkspaceBytes));
+  // The workspace is library state, not a tensor: it comes straight from the device's
+  // stream-ordered pool rather than allocate(), so allocated_bytes() still counts only tensors.
+  // Made on first use on a stream: run a step eagerly before capturing it into a CUDA graph.
+  void*& ws = h.cublas_workspace[stream];
+  if (ws == nullptr) TANDEM_CUDA_CHECK(cudaMallocAsync(&ws, kCublasWorkspaceBytes, stream));
+  TANDEM_CUBLAS_CHECK(cublasSetWorkspace(h.cublas, ws, kCublasWorkspaceBytes));
   return h.cublas;
 }
 

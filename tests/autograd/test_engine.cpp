@@ -3,8 +3,8 @@
 #include <thread>
 
 #include "autograd/engine.h"
-#include "autograd/gradcheck.h"
 #include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "catch.h"
 #include "core/generator.h"
@@ -45,7 +45,7 @@ TEST_CASE("a diamond graph sums both paths before the shared node runs", "[autog
     REQUIRE(g[i] == Approx(2 * std::exp(xv) + 2 * xv * std::exp(xv)));
   }
   Tensor y = leaf_of({3.0});
-  Tensor h = y * 2.0;  // h used twice: its node receives two gradients
+  Tensor h = y * 2.0;         // h used twice: its node receives two gradients
   sum(h * h + h).backward();  // d/dy (4y^2 + 2y) = 8y + 2
   REQUIRE(values(y.grad())[0] == Approx(26.0));
 }
@@ -200,9 +200,10 @@ TEST_CASE("gradcheck reports a wrong backward and rejects float32 inputs", "[aut
   x.set_requires_grad();
   auto wrong_double = [](const std::vector<Tensor>& in) {
     Tensor y = kernels::scalar(ScalarOp::Mul, in[0], 2.0);
-    autograd::record("WrongDouble", {in[0]}, {y}, [](autograd::TensorList&& g) -> autograd::TensorList {
-      return {kernels::scalar(ScalarOp::Mul, g[0], 3.0)};  // should be 2
-    });
+    autograd::record("WrongDouble", {in[0]}, {y},
+                     [](autograd::TensorList&& g) -> autograd::TensorList {
+                       return {kernels::scalar(ScalarOp::Mul, g[0], 3.0)};  // should be 2
+                     });
     return y;
   };
   autograd::GradcheckResult r = autograd::gradcheck(wrong_double, {x});
@@ -217,7 +218,8 @@ TEST_CASE("gradcheck reports a wrong backward and rejects float32 inputs", "[aut
                     DTypeError);
 }
 
-TEST_CASE("a later layer's hook fires before an earlier layer's gradient is computed", "[autograd]") {
+TEST_CASE("a later layer's hook fires before an earlier layer's gradient is computed",
+          "[autograd]") {
   // The property overlapped gradient allreduce relies on: w2's gradient is final (and its hook
   // runs) before backward reaches the first layer.
   Tensor x = from_vector<double>({0.5, -1.0}, {1, 2});

@@ -65,8 +65,8 @@ TEST_CASE("gradcheck unary ops", "[autograd]") {
 TEST_CASE("gradcheck operators compose", "[autograd]") {
   manual_seed(15);
   Tensor a = leaf({2, 3}), b = leaf({3}, 0.5, 2.0), c = leaf({2, 1});
-  check_gradients(
-      [](const V& in) { return (in[0] + in[1]) * in[2] - in[0] / in[1] + (-in[2]); }, {a, b, c});
+  check_gradients([](const V& in) { return (in[0] + in[1]) * in[2] - in[0] / in[1] + (-in[2]); },
+                  {a, b, c});
   check_gradients([](const V& in) { return 2.0 * ((in[0] + 1.0) - 3.0) * 0.5 / 4.0; }, {a});
 }
 

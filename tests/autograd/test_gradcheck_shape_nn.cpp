@@ -141,7 +141,8 @@ TEST_CASE("batch_norm eval backward matches the affine map", "[autograd]") {
   manual_seed(30);
   Tensor x = leaf({5, 2});
   Tensor gamma = from_vector<double>({2.0, -1.0}, {2}), beta = from_vector<double>({0.5, 0.0}, {2});
-  Tensor rmean = from_vector<double>({0.1, -0.2}, {2}), rvar = from_vector<double>({4.0, 0.25}, {2});
+  Tensor rmean = from_vector<double>({0.1, -0.2}, {2}),
+         rvar = from_vector<double>({4.0, 0.25}, {2});
   sum(batch_norm(x, gamma, beta, rmean, rvar, false, 0.1, 0.0)).backward();
   auto g = x.grad().to_vector<double>();
   for (size_t i = 0; i < g.size(); i += 2) {

@@ -2,6 +2,7 @@
 // axpby, fill and copy, on contiguous and strided inputs.
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/kernels/test_cpu_util.h"
@@ -100,6 +101,32 @@ TEST_CASE("cpu unary ops match std math", "[kernels]") {
       require_close(yt, want_t, tol(dt));
     }
   }
+}
+
+TEST_CASE("cpu float32 exp is accurate over its whole range", "[kernels]") {
+  std::vector<float> xs;
+  for (double v = -110; v <= 90; v += 0.0137) xs.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 88.72f, 88.73f, -87.33f, -103.9f, -1e30f, 1e30f})
+    xs.push_back(v);
+  Tensor y = kernels::unary(UnaryOp::Exp, from_vector(xs, {static_cast<int64_t>(xs.size())}));
+  const std::vector<float> got = y.to_vector<float>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double want = std::exp(static_cast<double>(xs[i]));
+    INFO("exp(" << xs[i] << ") = " << got[i] << ", want " << want);
+    if (want > 3.4028234e38) {
+      REQUIRE(std::isinf(got[i]));
+    } else if (want < 1.1754944e-38) {  // denormal results: absolute error of a few denormal steps
+      REQUIRE(std::abs(got[i] - want) <= 4 * 1.4e-45);
+    } else {
+      REQUIRE(std::abs(got[i] - want) <= 3e-7 * want);
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> special =
+      kernels::unary(UnaryOp::Exp, from_vector<float>({inf, -inf, nan}, {3})).to_vector<float>();
+  REQUIRE(std::isinf(special[0]));
+  REQUIRE(special[1] == 0.0f);
+  REQUIRE(std::isnan(special[2]));
 }
 
 TEST_CASE("cpu sigmoid saturates without NaN", "[kernels]") {
@@ -233,7 +260,7 @@ TEST_CASE("cpu maximum and minimum propagate NaN", "[kernels]") {
 }
 
 TEST_CASE("cpu strided loop merges contiguous dims", "[kernels]") {
-  // A contiguous [2, 3, 4] walk is one run of 24; a transposed one is 4 runs... of stride 4.
+  // A contiguous [2, 3, 4] walk is one run of 24; a transposed [4, 6] one is 4 runs of stride 4.
   Shape s{2, 3, 4};
   Strides c = contiguous_strides(s);
   int runs = 0;
