@@ -1,6 +1,8 @@
 // 2-D max and average pooling over [N, C, H, W], one (n, c) plane at a time.
+#pragma GCC optimize("no-trapping-math")  // Note [no-trapping-math] in elementwise.cpp
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -47,8 +49,70 @@ int64_t argmax_window(const T* xp, const PoolGeom& g, const Window& win) {
   return best;
 }
 
+// Note [tiling pools]: the usual CNN pool (2x2, stride 2, no padding) tiles the input: every
+// input element is in at most one window. Then a window sum is "add kh rows, then add kw
+// neighbours", and the first loop runs over whole contiguous rows, which vectorizes. The
+// general path below handles overlap and padding one window at a time.
+inline bool tiles(const PoolGeom& g) {
+  return g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0;
+}
+
+template <typename T>
+inline T max_nan(T a, T b) {
+  return (a > b || a != a) ? a : b;
+}
+
+template <typename T>
+void pool_forward_tiled(PoolMode mode, const PoolGeom& g, const T* x, T* y) {
+  const int64_t span = g.q * g.kw;  // input columns covered by windows
+  std::vector<T> rows(static_cast<size_t>(span));
+  const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    for (int64_t p = 0; p < g.p; ++p) {
+      const T* x0 = x + (pl * g.h + p * g.kh) * g.w;
+      T* acc = rows.data();
+      for (int64_t j = 0; j < span; ++j) acc[j] = x0[j];
+      for (int64_t u = 1; u < g.kh; ++u) {
+        const T* xu = x0 + u * g.w;
+        if (mode == PoolMode::Max) {
+          for (int64_t j = 0; j < span; ++j) acc[j] = max_nan(acc[j], xu[j]);
+        } else {
+          for (int64_t j = 0; j < span; ++j) acc[j] += xu[j];
+        }
+      }
+      T* yp = y + (pl * g.p + p) * g.q;
+      for (int64_t q = 0; q < g.q; ++q) {
+        const T* a = acc + q * g.kw;
+        T r = a[0];
+        for (int64_t v = 1; v < g.kw; ++v) r = mode == PoolMode::Max ? max_nan(r, a[v]) : r + a[v];
+        yp[q] = mode == PoolMode::Max ? r : r * inv_area;
+      }
+    }
+  }
+}
+
+// Avg backward of a tiling pool: each input gets its window's dy / area (0 outside windows).
+template <typename T>
+void avg_pool_backward_tiled(const PoolGeom& g, const T* dy, T* dx) {
+  const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
+  const int64_t span = g.q * g.kw;
+  std::fill(dx, dx + g.planes * g.h * g.w, T(0));
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    for (int64_t p = 0; p < g.p; ++p) {
+      const T* d = dy + (pl * g.p + p) * g.q;
+      T* row0 = dx + (pl * g.h + p * g.kh) * g.w;
+      for (int64_t q = 0; q < g.q; ++q) {
+        const T share = d[q] * inv_area;
+        for (int64_t v = 0; v < g.kw; ++v) row0[q * g.kw + v] = share;
+      }
+      for (int64_t u = 1; u < g.kh; ++u) std::copy(row0, row0 + span, row0 + u * g.w);
+    }
+  }
+}
+
 template <typename T>
 void pool_forward(PoolMode mode, const PoolGeom& g, const T* x, T* y) {
+  if (tiles(g)) return pool_forward_tiled(mode, g, x, y);
   // count_include_pad: the divisor is the full window (see Pool2dParams).
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
   for (int64_t pl = 0; pl < g.planes; ++pl) {
@@ -75,6 +139,7 @@ void pool_forward(PoolMode mode, const PoolGeom& g, const T* x, T* y) {
 
 template <typename T>
 void pool_backward(PoolMode mode, const PoolGeom& g, const T* x, const T* dy, T* dx) {
+  if (mode == PoolMode::Avg && tiles(g)) return avg_pool_backward_tiled(g, dy, dx);
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
   std::fill(dx, dx + g.planes * g.h * g.w, T(0));
   for (int64_t pl = 0; pl < g.planes; ++pl) {

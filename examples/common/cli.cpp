@@ -1,0 +1,98 @@
+#include "common/cli.h"
+
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "data/fashion_mnist.h"
+
+namespace tandem::examples {
+
+namespace {
+
+void add_common_flags(Args& args) {
+  args.option("data", data::kFashionMnistDefaultDir, "folder with the Fashion-MNIST IDX files (.gz or raw)");
+  args.option("device", "", "one device: cpu, cuda, cuda:N (default: a GPU if present, else cpu)");
+  args.option("devices", "", "several devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (data-parallel)");
+  args.option("parallel", "scratch", "data-parallel path with several devices: scratch|dp");
+  args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
+                              "ring on CPU devices)");
+  args.option("epochs", "10", "training epochs");
+  args.option("batch-size", "256", "global minibatch size (split across devices)");
+  args.option("lr", "", "learning rate");
+  args.option("optimizer", "sgd", "sgd|adam");
+  args.option("momentum", "0", "SGD momentum");
+  args.option("weight-decay", "0", "L2 weight decay");
+  args.option("seed", "0", "seed for initialization and shuffling");
+  args.option("train-limit", "-1", "use only the first N training images (-1: all)");
+  args.option("test-limit", "-1", "use only the first N test images (-1: all)");
+  args.option("csv", "", "write one row per epoch to this CSV file");
+  args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices)");
+  args.flag("no-progress", "never draw the progress bar");
+}
+
+void configure_common(const Args& args, TrainConfig& cfg) {
+  if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
+  if (args.given("devices")) cfg.devices = parse_device_list(args.str("devices"));
+  else if (args.given("device")) cfg.devices = {Device::parse(args.str("device"))};
+  else cfg.devices = default_devices();
+  cfg.data_dir = args.str("data");
+  cfg.parallel = args.choice("parallel", {"scratch", "dp"});
+  cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
+  if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
+  cfg.epochs = args.integer("epochs", 1, 100000);
+  cfg.batch_size = args.integer("batch-size", 1, 1 << 20);
+  cfg.optimizer = args.choice("optimizer", {"sgd", "adam"});
+  cfg.momentum = args.real("momentum", 0.0, 1.0);
+  cfg.weight_decay = args.real("weight-decay", 0.0, 1.0);
+  cfg.seed = static_cast<uint64_t>(args.integer("seed", 0));
+  cfg.train_limit = args.integer("train-limit", -1);
+  cfg.test_limit = args.integer("test-limit", -1);
+  if (cfg.train_limit == 0 || cfg.test_limit == 0) throw ArgsError("--train-limit and --test-limit must be -1 or >= 1");
+  cfg.csv = args.str("csv");
+  cfg.trace = args.str("trace");
+  if (!cfg.trace.empty() && cfg.devices.size() < 2) throw ArgsError("--trace needs several --devices");
+  cfg.progress = !args.on("no-progress");
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv, const ProgramSpec& spec) {
+  Args args(spec.name, spec.summary);
+  add_common_flags(args);
+  if (spec.add_flags) spec.add_flags(args);
+  try {
+    if (!args.parse(argc, argv)) {
+      std::fputs(args.help().c_str(), stdout);
+      return 0;
+    }
+    TrainConfig cfg;
+    configure_common(args, cfg);
+    std::string description;
+    spec.configure(args, cfg, description);
+    if (args.given("lr")) cfg.lr = args.real("lr", 0.0, 1e6);
+    else if (cfg.optimizer == "adam") cfg.lr = 1e-3;
+    for (Device d : cfg.devices) check_device_exists(d);
+
+    std::string devs;
+    for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
+    std::string how = cfg.devices.size() < 2 ? "" : " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
+    std::printf("%s on %s%s, batch %lld, %s lr %g\n", description.c_str(), devs.c_str(), how.c_str(),
+                static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), cfg.lr);
+    std::fflush(stdout);
+    run_training(cfg, [](const EpochStats& s) {
+      std::printf("%s\n", format_epoch(s).c_str());
+      std::fflush(stdout);
+    });
+    if (!cfg.trace.empty()) std::printf("timeline written to %s (open it in ui.perfetto.dev)\n", cfg.trace.c_str());
+    return 0;
+  } catch (const ArgsError& e) {
+    std::fprintf(stderr, "%s: %s\n", spec.name.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", spec.name.c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace tandem::examples

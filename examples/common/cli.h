@@ -1,0 +1,24 @@
+#pragma once
+// The command line shared by the training programs: the common flags, their validation, and a
+// main() body that turns every error into one line on stderr and a non-zero exit code
+// (2 for bad flags, 1 for anything else).
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/args.h"
+#include "common/train.h"
+
+namespace tandem::examples {
+
+struct ProgramSpec {
+  std::string name, summary;
+  // Declares the program's own flags (e.g. --activation).
+  std::function<void(Args&)> add_flags;
+  // Builds the model factory, the default learning rate and a description from the parsed flags.
+  std::function<void(const Args&, TrainConfig&, std::string& description)> configure;
+};
+
+int train_main(int argc, char** argv, const ProgramSpec& spec);
+
+}  // namespace tandem::examples
