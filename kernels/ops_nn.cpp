@@ -48,7 +48,9 @@ Shape conv_out_shape(const char* op, const Shape& x, const Shape& w, const Conv2
           out_extent(op, x[3], w[3], p.stride_w, p.pad_w, x)};
 }
 
-const char* pool_name(PoolMode mode) { return mode == PoolMode::Max ? "max_pool2d" : "avg_pool2d"; }
+const char* pool_name(PoolMode mode) {
+  return mode == PoolMode::Max ? "max_pool2d" : "avg_pool2d";
+}
 
 Shape pool_out_shape(const char* op, const Tensor& x, const Pool2dParams& p) {
   check_dims(op, x, 4, "input [N, C, H, W]");
@@ -58,7 +60,8 @@ Shape pool_out_shape(const char* op, const Tensor& x, const Pool2dParams& p) {
   TANDEM_CHECK(2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w, Value, op, ": padding ",
                p.pad_h, "x", p.pad_w, " must be at most half the kernel ", p.kernel_h, "x",
                p.kernel_w);
-  return {x.size(0), x.size(1), out_extent(op, x.size(2), p.kernel_h, p.stride_h, p.pad_h, x.shape()),
+  return {x.size(0), x.size(1),
+          out_extent(op, x.size(2), p.kernel_h, p.stride_h, p.pad_h, x.shape()),
           out_extent(op, x.size(3), p.kernel_w, p.stride_w, p.pad_w, x.shape())};
 }
 
@@ -67,10 +70,11 @@ Tensor or_full(const Tensor& t, int64_t c, double value, const Tensor& like) {
   return t.defined() ? t.contiguous() : full({c}, value, like.dtype(), like.device());
 }
 
-void check_bn_args(const char* op, const Tensor& x, std::initializer_list<const Tensor*> per_channel) {
+void check_bn_args(const char* op, const Tensor& x,
+                   std::initializer_list<const Tensor*> per_channel) {
   check_floating(op, x);
-  TANDEM_CHECK(x.dim() == 2 || x.dim() == 4, Shape, op, ": expected [N, C] or [N, C, H, W] input, got ",
-               shape_str(x.shape()));
+  TANDEM_CHECK(x.dim() == 2 || x.dim() == 4, Shape, op,
+               ": expected [N, C] or [N, C, H, W] input, got ", shape_str(x.shape()));
   for (const Tensor* t : per_channel) {
     if (!t->defined()) continue;
     check_same_device(op, {&x, t});
@@ -158,8 +162,8 @@ Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Te
   check_shape(op, y, ys, "y");
   check_shape(op, dy, ys, "dy");
   Tensor dx(x.shape(), x.dtype(), x.device());
-  backend_for(x.device()).pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p,
-                                          dx);
+  backend_for(x.device())
+      .pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p, dx);
   return dx;
 }
 
@@ -194,8 +198,8 @@ std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& targ
   check_target(op, target, logits.size(0));
   Tensor log_probs(logits.shape(), logits.dtype(), logits.device());
   Tensor loss(Shape{}, logits.dtype(), logits.device());
-  backend_for(logits.device()).cross_entropy_forward(logits.contiguous(), target.contiguous(),
-                                                     log_probs, loss);
+  backend_for(logits.device())
+      .cross_entropy_forward(logits.contiguous(), target.contiguous(), log_probs, loss);
   return {loss, log_probs};
 }
 
@@ -209,8 +213,8 @@ Tensor cross_entropy_backward(const Tensor& log_probs, const Tensor& target, con
   TANDEM_CHECK(dloss.numel() == 1, Shape, op, ": dloss must have one element, got ",
                shape_str(dloss.shape()));
   Tensor dlogits(log_probs.shape(), log_probs.dtype(), log_probs.device());
-  backend_for(log_probs.device()).cross_entropy_backward(log_probs.contiguous(), target.contiguous(),
-                                                         dloss, dlogits);
+  backend_for(log_probs.device())
+      .cross_entropy_backward(log_probs.contiguous(), target.contiguous(), dloss, dlogits);
   return dlogits;
 }
 
@@ -267,12 +271,14 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   check_in_place(op, running_var, "running_var");
   const int64_t c = x.size(1);
   TANDEM_CHECK(c > 0 && x.numel() / c > 1, Value, op,
-               ": training needs more than one value per channel, got input ", shape_str(x.shape()));
+               ": training needs more than one value per channel, got input ",
+               shape_str(x.shape()));
   BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
                     Tensor({c}, x.dtype(), x.device())};
-  backend_for(x.device()).batch_norm_forward_train(
-      x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean,
-      running_var, momentum, eps, r.y, r.save_mean, r.save_invstd);
+  backend_for(x.device())
+      .batch_norm_forward_train(x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
+                                running_mean, running_var, momentum, eps, r.y, r.save_mean,
+                                r.save_invstd);
   return r;
 }
 
@@ -283,10 +289,9 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
   const int64_t c = x.size(1);
   Tensor y(x.shape(), x.dtype(), x.device());
-  backend_for(x.device()).batch_norm_forward_eval(x.contiguous(), or_full(gamma, c, 1.0, x),
-                                                  or_full(beta, c, 0.0, x),
-                                                  running_mean.contiguous(),
-                                                  running_var.contiguous(), eps, y);
+  backend_for(x.device())
+      .batch_norm_forward_eval(x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
+                               running_mean.contiguous(), running_var.contiguous(), eps, y);
   return y;
 }
 
@@ -300,9 +305,10 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t c = x.size(1);
   BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
                    Tensor({c}, x.dtype(), x.device())};
-  backend_for(x.device()).batch_norm_backward(dy.contiguous(), x.contiguous(),
-                                              or_full(gamma, c, 1.0, x), save_mean.contiguous(),
-                                              save_invstd.contiguous(), g.dx, g.dgamma, g.dbeta);
+  backend_for(x.device())
+      .batch_norm_backward(dy.contiguous(), x.contiguous(), or_full(gamma, c, 1.0, x),
+                           save_mean.contiguous(), save_invstd.contiguous(), g.dx, g.dgamma,
+                           g.dbeta);
   return g;
 }
 

@@ -96,7 +96,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
 // CUDA devices when tandem has NCCL).
 std::vector<std::string> communicator_names(const std::vector<Device>& devices);
 
-// Helpers shared by the implementations: a contiguous 1-D view of t (t's own storage when t
+// Shared by the implementations: a contiguous 1-D view of t (t's own storage when t
 // is contiguous, else a contiguous copy), and writing such a copy back into t.
 Tensor flat_view(const Tensor& t);
 void copy_back_if_needed(const Tensor& t, const Tensor& flat);

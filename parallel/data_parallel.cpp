@@ -14,14 +14,6 @@ namespace tandem::parallel {
 
 namespace {
 
-std::vector<Tensor> trainable(const nn::Module& m) {
-  std::vector<Tensor> out;
-  for (const Tensor& p : m.parameters()) {
-    if (p.requires_grad()) out.push_back(p);
-  }
-  return out;
-}
-
 // Note [DataParallel backward]
 // Replica r's forward ran on worker r. Its output reached the caller as a detached alias, and
 // all n aliases were recorded as the outputs of one ReplicasBackward node whose inputs are the
@@ -56,7 +48,7 @@ struct ReplicasBackward : autograd::Node {
     std::vector<FlatBuffer> bufs(n);
     state->workers.run([&](size_t r) {
       if (num_params > 0) {
-        bufs[r] = FlatBuffer(trainable(*state->replicas[r]));
+        bufs[r] = FlatBuffer(trainable_parameters(*state->replicas[r]));
         bufs[r].attach();
       }
       for (const Tensor& leaf : input_leaves[r]) leaf.set_grad(Tensor());
@@ -111,13 +103,13 @@ void DataParallel::sync_replicas() {
   for (size_t r = 0; r < devices_.size(); ++r) {
     nn::Module& replica = *state_->replicas[r];
     replica.train(module_->is_training());
-    const std::vector<Tensor> ps = replica.parameters(), bs = replica.buffers();
+    std::vector<Tensor> ps = replica.parameters(), bs = replica.buffers();
     TANDEM_CHECK(ps.size() == params.size() && bs.size() == buffers.size(), Value,
                  "DataParallel: replica ", r, " has ", ps.size(), " parameters and ", bs.size(),
                  " buffers, the module ", params.size(), " and ", buffers.size());
     for (size_t k = 0; k < ps.size(); ++k) {
       if (ps[k].requires_grad() != params[k].requires_grad()) {
-        Tensor(ps[k]).set_requires_grad(params[k].requires_grad());
+        ps[k].set_requires_grad(params[k].requires_grad());
       }
     }
     if (r == 0) continue;  // shares the module's storage
@@ -144,7 +136,7 @@ std::vector<Tensor> DataParallel::parallel_apply(const std::vector<Tensor>& inpu
   // own, which the backward node fills (Note [DataParallel backward]). Edge order: the main
   // module's trainable parameters, then the replaced shards replica by replica.
   const bool recording = grad_enabled();
-  std::vector<Tensor> edges = recording ? trainable(*module_) : std::vector<Tensor>();
+  std::vector<Tensor> edges = recording ? trainable_parameters(*module_) : std::vector<Tensor>();
   const size_t num_params = edges.size();
   std::vector<std::vector<Tensor>> shards_of(n), leaves_of(n), sources_of(n);
   for (const Tensor& input : inputs) {

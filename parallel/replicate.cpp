@@ -13,9 +13,10 @@ namespace tandem::parallel {
 namespace {
 
 // Parameters then buffers, in the module's order: the tensors a replica must mirror.
-std::vector<std::pair<std::string, Tensor>> state_of(const nn::Module& m) {
+std::vector<std::pair<std::string, Tensor>> state_of(const nn::Module& m, bool buffers = true) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, p] : m.named_parameters()) out.emplace_back(name, p);
+  if (!buffers) return out;
   for (const auto& [name, b] : m.named_buffers()) out.emplace_back(name, b);
   return out;
 }
@@ -31,6 +32,14 @@ void share_storage(const Tensor& src, const Tensor& dst) {
 }
 
 }  // namespace
+
+std::vector<Tensor> trainable_parameters(const nn::Module& module) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : module.parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
 
 Replicas replicate(const std::shared_ptr<nn::Module>& module, const std::vector<Device>& devices) {
   TANDEM_CHECK(module != nullptr, Value, "replicate: null module");
@@ -89,14 +98,14 @@ void broadcast_parameters(const Replicas& replicas, Communicator* comm) {
   }
 }
 
-double replicas_max_difference(const Replicas& replicas) {
+double replicas_max_difference(const Replicas& replicas, bool buffers) {
   check_replicas(replicas);
-  const auto ref = state_of(*replicas[0]);
+  const auto ref = state_of(*replicas[0], buffers);
   std::vector<std::vector<double>> ref_values;
   for (const auto& [name, t] : ref) ref_values.push_back(t.to(kCPU, kFloat64).to_vector<double>());
   double worst = 0;
   for (size_t i = 1; i < replicas.size(); ++i) {
-    const auto st = state_of(*replicas[i]);
+    const auto st = state_of(*replicas[i], buffers);
     for (size_t k = 0; k < st.size(); ++k) {
       const std::vector<double> v = st[k].second.to(kCPU, kFloat64).to_vector<double>();
       const std::vector<double>& r = ref_values[k];
@@ -112,8 +121,8 @@ double replicas_max_difference(const Replicas& replicas) {
   return worst;
 }
 
-bool replicas_in_sync(const Replicas& replicas, double tol) {
-  return replicas_max_difference(replicas) <= tol;
+bool replicas_in_sync(const Replicas& replicas, double tol, bool buffers) {
+  return replicas_max_difference(replicas, buffers) <= tol;
 }
 
 std::shared_ptr<nn::Module> shallow_replica(const nn::Module& module) {

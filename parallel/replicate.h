@@ -26,6 +26,9 @@ using Replicas = std::vector<std::shared_ptr<nn::Module>>;
 // moved to devices[i]. Throws for an invalid device list or a null module.
 Replicas replicate(const std::shared_ptr<nn::Module>& module, const std::vector<Device>& devices);
 
+// The parameters that require grad, in parameters() order: what gets a gradient buffer.
+std::vector<Tensor> trainable_parameters(const nn::Module& module);
+
 // Throws ShapeError/ValueError naming the parameter (or buffer) unless every replica has the
 // same parameter and buffer names, shapes and dtypes as replicas[0], in the same order.
 void check_replicas(const Replicas& replicas);
@@ -35,11 +38,12 @@ void check_replicas(const Replicas& replicas);
 // through comm.broadcast when given (one call per tensor).
 void broadcast_parameters(const Replicas& replicas, Communicator* comm = nullptr);
 
-// The largest |difference| between any replica's parameter (and buffer) and replicas[0]'s,
-// relative to max(1, max |replicas[0] value|) per tensor. Synchronizes (reads values).
-double replicas_max_difference(const Replicas& replicas);
-// replicas_max_difference(replicas) <= tol (tol 0: bit-identical values).
-bool replicas_in_sync(const Replicas& replicas, double tol = 0.0);
+// The largest |difference| between any replica's parameter (and, with `buffers`, buffer)
+// and replicas[0]'s, relative to max(1, max |replicas[0] value|) per tensor. Synchronizes.
+// (BatchNorm running statistics are per replica in ScratchTrainer: pass buffers = false.)
+double replicas_max_difference(const Replicas& replicas, bool buffers = true);
+// replicas_max_difference(replicas, buffers) <= tol (tol 0: bit-identical values).
+bool replicas_in_sync(const Replicas& replicas, double tol = 0.0, bool buffers = true);
 
 // A copy of `module` whose parameters and buffers share the storage of module's: the same
 // numbers, written by the same updates, but separate autograd leaves with their own .grad.

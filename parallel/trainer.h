@@ -11,6 +11,10 @@
 //   5. step                   every replica applies its own optimizer to the same summed
 //                             gradient, which keeps the replicas identical
 //
+// BatchNorm: every replica normalizes with its own shard's statistics and keeps its own
+// running statistics; module() (replica 0) holds those of shard 0 (as DistributedDataParallel
+// with broadcast_buffers would hand to every rank at the next step).
+//
 // Nothing in a step synchronizes the host: the loss comes back as a device tensor and the
 // accuracy counts accumulate on the device; read them when you need the numbers.
 #include <functional>
@@ -36,12 +40,15 @@ using OptimizerFactory =
 class ScratchTrainer {
  public:
   // `module` becomes replica 0 (moved to devices[0]); comm_name is "naive", "ring" or "nccl".
-  // The module's parameters must all be of one dtype (one flat gradient buffer per device).
+  // The trainable parameters must all be of one dtype (one flat gradient buffer per device).
   ScratchTrainer(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                  const std::string& comm_name, const OptimizerFactory& make_optimizer);
 
   // One training step on the global batch: x [B, ...] and int64 labels y [B], on any device.
   // Returns the mean cross-entropy over the B rows, on devices()[0], without host sync.
+  // Replica r scales its shard's mean loss by b_r / B, so the allreduce *sum* of the
+  // gradients is the gradient of the global-batch mean, also for uneven shards (Note [loss
+  // scaling for uneven shards] in trainer.cpp).
   // ValueError when B < number of devices or x and y disagree in B.
   Tensor train_batch(const Tensor& x, const Tensor& y);
 

@@ -86,8 +86,8 @@ void bn_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Ten
   const BnGeom g = geom(x);
   for (int64_t c = 0; c < g.c; ++c) {
     const double invstd = 1.0 / std::sqrt(static_cast<double>(cptr<T>(rvar)[c]) + eps);
-    normalize_channel(g, cptr<T>(x), mptr<T>(y), c, cptr<T>(rmean)[c], invstd,
-                      cptr<T>(gamma)[c], cptr<T>(beta)[c]);
+    normalize_channel(g, cptr<T>(x), mptr<T>(y), c, cptr<T>(rmean)[c], invstd, cptr<T>(gamma)[c],
+                      cptr<T>(beta)[c]);
   }
 }
 
@@ -140,8 +140,8 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, 
                                           double momentum, double eps, const Tensor& y,
                                           const Tensor& save_mean, const Tensor& save_invstd) {
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
-    bn_train<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, momentum,
-                                           eps, y, save_mean, save_invstd);
+    bn_train<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, momentum, eps,
+                                           y, save_mean, save_invstd);
   });
 }
 

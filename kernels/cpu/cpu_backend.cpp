@@ -26,9 +26,13 @@ Backend& cpu_backend() {
 }
 
 #ifndef TANDEM_WITH_CUDA
-Backend& cuda_backend() { TANDEM_THROW(Device, "tandem was built without CUDA support"); }
+Backend& cuda_backend() {
+  TANDEM_THROW(Device, "tandem was built without CUDA support");
+}
 #endif
 
-Backend& backend_for(Device d) { return d.is_cuda() ? cuda_backend() : cpu_backend(); }
+Backend& backend_for(Device d) {
+  return d.is_cuda() ? cuda_backend() : cpu_backend();
+}
 
 }  // namespace tandem

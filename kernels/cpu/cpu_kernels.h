@@ -30,11 +30,11 @@ class CpuBackend final : public Backend {
   void reduce_rows(ReduceOp op, const Tensor& x, const Tensor& out) override;
   void argmax_rows(const Tensor& x, const Tensor& out) override;
   // matmul.cpp
-  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
-            double beta, const Tensor& c) override;
+  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,
+            const Tensor& c) override;
   // conv.cpp
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                      const Conv2dParams& p, const Tensor& y) override;
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                      const Tensor& y) override;
   void conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                              const Tensor& dx) override;
   void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
@@ -87,10 +87,11 @@ void gemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doubl
               const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
               int64_t ldc);
 
-// Per-thread scratch memory (conv.cpp) of at least n elements of T, reused across calls.
-// Conv's column buffers are tens of MB; allocating them per call costs page faults on every
-// step. One buffer per slot and host thread (virtual CPU devices run on their own threads).
-// The memory stays with the thread until it exits.
+// Per-thread scratch memory (conv.cpp) of at least n elements of T, reused across calls:
+// conv needs a few hundred KB of column buffers on every call, and fresh allocations of that
+// size come from mmap and cost page faults each time. One buffer per slot (0..3) and host
+// thread, since virtual CPU devices run on their own threads. A buffer only grows; it is
+// freed when its thread exits.
 template <typename T>
 T* scratch(int slot, size_t n);
 
@@ -150,19 +151,20 @@ template <typename TO, typename TA, typename F>
 void map1(const Tensor& a, const Tensor& out, F f) {
   TO* po = static_cast<TO*>(out.raw_data());
   const TA* pa = static_cast<const TA*>(a.raw_data());
-  for_each_run<2>(out.shape(), {&out.strides(), &a.strides()},
-                  [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
-                    TO* o = po + off[0];
-                    const TA* x = pa + off[1];
-                    if (st[0] == 1 && st[1] == 1) {
-                      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
-                    } else if (st[0] == 1 && st[1] == 0) {
-                      const TO v = f(x[0]);
-                      for (int64_t i = 0; i < n; ++i) o[i] = v;
-                    } else {
-                      for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]]);
-                    }
-                  });
+  for_each_run<2>(
+      out.shape(), {&out.strides(), &a.strides()},
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
+        TO* o = po + off[0];
+        const TA* x = pa + off[1];
+        if (st[0] == 1 && st[1] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+        } else if (st[0] == 1 && st[1] == 0) {
+          const TO v = f(x[0]);
+          for (int64_t i = 0; i < n; ++i) o[i] = v;
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]]);
+        }
+      });
 }
 
 // out = f(a, b) elementwise; a and b already broadcast to out's shape (zero strides allowed).
@@ -173,23 +175,24 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   T* po = static_cast<T*>(out.raw_data());
   const T* pa = static_cast<const T*>(a.raw_data());
   const T* pb = static_cast<const T*>(b.raw_data());
-  for_each_run<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
-                  [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
-                    T* o = po + off[0];
-                    const T* x = pa + off[1];
-                    const T* y = pb + off[2];
-                    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-                      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-                    } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
-                      const T yv = y[0];
-                      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
-                    } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
-                      const T xv = x[0];
-                      for (int64_t i = 0; i < n; ++i) o[i] = f(xv, y[i]);
-                    } else {
-                      for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
-                    }
-                  });
+  for_each_run<3>(
+      out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+      [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
+        T* o = po + off[0];
+        const T* x = pa + off[1];
+        const T* y = pb + off[2];
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+        } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
+          const T yv = y[0];
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
+        } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
+          const T xv = x[0];
+          for (int64_t i = 0; i < n; ++i) o[i] = f(xv, y[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+        }
+      });
 }
 
 }  // namespace tandem::cpu

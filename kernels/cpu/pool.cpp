@@ -1,5 +1,7 @@
 // 2-D max and average pooling over [N, C, H, W], one (n, c) plane at a time.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")  // Note [no-trapping-math] in elementwise.cpp
+#endif
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -16,8 +18,8 @@ struct PoolGeom {
 };
 
 PoolGeom geom(const Tensor& x, const Tensor& y, const Pool2dParams& prm) {
-  return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3), prm.kernel_h,
-          prm.kernel_w, prm.stride_h, prm.stride_w, prm.pad_h, prm.pad_w};
+  return {x.size(0) * x.size(1), x.size(2),    x.size(3),    y.size(2), y.size(3), prm.kernel_h,
+          prm.kernel_w,          prm.stride_h, prm.stride_w, prm.pad_h, prm.pad_w};
 }
 
 // The part of output (p, q)'s window that lies inside the input: rows [h0, h1), cols [w0, w1).
@@ -91,22 +93,27 @@ void pool_forward_tiled(PoolMode mode, const PoolGeom& g, const T* x, T* y) {
   }
 }
 
-// Avg backward of a tiling pool: each input gets its window's dy / area (0 outside windows).
+// Avg backward of a tiling pool: each input gets its window's dy / area; the few inputs no
+// window covers (the bottom rows and right columns that do not fill a window) get 0.
 template <typename T>
 void avg_pool_backward_tiled(const PoolGeom& g, const T* dy, T* dx) {
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
-  const int64_t span = g.q * g.kw;
-  std::fill(dx, dx + g.planes * g.h * g.w, T(0));
+  const int64_t span = g.q * g.kw, covered_rows = g.p * g.kh;
+  std::vector<T> shares(static_cast<size_t>(span));  // one output row's dy / area, widened
   for (int64_t pl = 0; pl < g.planes; ++pl) {
+    T* plane = dx + pl * g.h * g.w;
     for (int64_t p = 0; p < g.p; ++p) {
       const T* d = dy + (pl * g.p + p) * g.q;
-      T* row0 = dx + (pl * g.h + p * g.kh) * g.w;
       for (int64_t q = 0; q < g.q; ++q) {
-        const T share = d[q] * inv_area;
-        for (int64_t v = 0; v < g.kw; ++v) row0[q * g.kw + v] = share;
+        for (int64_t v = 0; v < g.kw; ++v) shares[q * g.kw + v] = d[q] * inv_area;
       }
-      for (int64_t u = 1; u < g.kh; ++u) std::copy(row0, row0 + span, row0 + u * g.w);
+      for (int64_t u = 0; u < g.kh; ++u) {
+        T* row = plane + (p * g.kh + u) * g.w;
+        for (int64_t j = 0; j < span; ++j) row[j] = shares[j];
+        if (span < g.w) std::fill(row + span, row + g.w, T(0));
+      }
     }
+    if (covered_rows < g.h) std::fill(plane + covered_rows * g.w, plane + g.h * g.w, T(0));
   }
 }
 

@@ -45,11 +45,16 @@ void CpuBackend::reduce_rows(ReduceOp op, const Tensor& x, const Tensor& out) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = px + r * cols;
       switch (op) {
-        case ReduceOp::Sum: po[r] = static_cast<T>(sum_row(row, cols)); break;
-        case ReduceOp::Mean:
-          po[r] = static_cast<T>(static_cast<double>(sum_row(row, cols)) / static_cast<double>(cols));
+        case ReduceOp::Sum:
+          po[r] = static_cast<T>(sum_row(row, cols));
           break;
-        case ReduceOp::Max: po[r] = row[argmax_row(row, cols)]; break;
+        case ReduceOp::Mean:
+          po[r] =
+              static_cast<T>(static_cast<double>(sum_row(row, cols)) / static_cast<double>(cols));
+          break;
+        case ReduceOp::Max:
+          po[r] = row[argmax_row(row, cols)];
+          break;
       }
     }
   });

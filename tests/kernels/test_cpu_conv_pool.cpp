@@ -58,8 +58,8 @@ void check_conv(const ConvCase& cc, DType dt, bool with_bias) {
   REQUIRE(ys == Shape{cc.x[0], cc.w[0], (cc.x[2] + 2 * cc.p.pad_h - cc.w[2]) / cc.p.stride_h + 1,
                       (cc.x[3] + 2 * cc.p.pad_w - cc.w[3]) / cc.p.stride_w + 1});
   Tensor dy = rnd(ys, dt);
-  ConvRef r = conv_ref(values(x), cc.x, values(w), cc.w, with_bias ? values(b) : std::vector<double>{},
-                       values(dy), ys, cc.p);
+  ConvRef r = conv_ref(values(x), cc.x, values(w), cc.w,
+                       with_bias ? values(b) : std::vector<double>{}, values(dy), ys, cc.p);
   const double t = tol(dt) * 20;
   require_close(y, r.y, t);
   require_close(kernels::conv2d_backward_input(dy, w, cc.p, cc.x), r.dx, t);
@@ -167,15 +167,21 @@ TEST_CASE("cpu conv2d argument errors", "[kernels]") {
   REQUIRE_THROWS_AS(kernels::conv2d(x, w.to(kFloat64), Tensor(), {}), DTypeError);
   REQUIRE_THROWS_AS(kernels::conv2d_backward_input(rnd({2, 4, 5, 5}, kFloat32), w, {}, x.shape()),
                     ShapeError);
-  REQUIRE_THROWS_AS(kernels::conv2d_backward_weight(x, rnd({2, 4, 5, 5}, kFloat32), {}, w.shape(), true),
-                    ShapeError);
+  REQUIRE_THROWS_AS(
+      kernels::conv2d_backward_weight(x, rnd({2, 4, 5, 5}, kFloat32), {}, w.shape(), true),
+      ShapeError);
 }
 
 TEST_CASE("cpu max and avg pooling with stride and padding", "[kernels]") {
   const std::vector<std::pair<Shape, Pool2dParams>> cases = {
-      {{2, 3, 8, 8}, pool_params(2, 2, 2, 2, 0, 0)}, {{2, 3, 7, 8}, pool_params(3, 3, 2, 2, 1, 1)},
-      {{1, 2, 6, 7}, pool_params(3, 2, 1, 2, 1, 0)}, {{2, 1, 9, 9}, pool_params(2, 2, 3, 3, 0, 0)},
-      {{1, 2, 5, 5}, pool_params(4, 4, 1, 1, 2, 2)}};
+      {{2, 3, 8, 8}, pool_params(2, 2, 2, 2, 0, 0)},
+      {{2, 3, 7, 8}, pool_params(3, 3, 2, 2, 1, 1)},
+      {{1, 2, 6, 7}, pool_params(3, 2, 1, 2, 1, 0)},
+      {{2, 1, 9, 9}, pool_params(2, 2, 3, 3, 0, 0)},
+      {{1, 2, 5, 5}, pool_params(4, 4, 1, 1, 2, 2)},
+      // Tiling windows (stride = kernel, no padding) that leave rows and columns uncovered.
+      {{2, 2, 7, 9}, pool_params(2, 2, 2, 2, 0, 0)},
+      {{1, 3, 8, 5}, pool_params(3, 2, 3, 2, 0, 0)}};
   for (DType dt : kFloatTypes) {
     for (PoolMode mode : {PoolMode::Max, PoolMode::Avg}) {
       for (size_t i = 0; i < cases.size(); ++i) {

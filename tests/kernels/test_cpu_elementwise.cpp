@@ -14,43 +14,64 @@ namespace {
 
 double ref_unary(UnaryOp op, double x) {
   switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Exp: return std::exp(x);
-    case UnaryOp::Log: return std::log(x);
-    case UnaryOp::Sigmoid: return 1.0 / (1.0 + std::exp(-x));
-    case UnaryOp::Relu: return x > 0 ? x : 0.0;
-    case UnaryOp::Tanh: return std::tanh(x);
-    case UnaryOp::Sqrt: return std::sqrt(x);
-    case UnaryOp::Abs: return std::abs(x);
-    case UnaryOp::Square: return x * x;
-    case UnaryOp::Reciprocal: return 1.0 / x;
+    case UnaryOp::Neg:
+      return -x;
+    case UnaryOp::Exp:
+      return std::exp(x);
+    case UnaryOp::Log:
+      return std::log(x);
+    case UnaryOp::Sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case UnaryOp::Relu:
+      return x > 0 ? x : 0.0;
+    case UnaryOp::Tanh:
+      return std::tanh(x);
+    case UnaryOp::Sqrt:
+      return std::sqrt(x);
+    case UnaryOp::Abs:
+      return std::abs(x);
+    case UnaryOp::Square:
+      return x * x;
+    case UnaryOp::Reciprocal:
+      return 1.0 / x;
   }
   return 0;
 }
 
 double ref_binary(BinaryOp op, double a, double b) {
   switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-    case BinaryOp::Max: return std::max(a, b);
-    case BinaryOp::Min: return std::min(a, b);
-    case BinaryOp::Eq: return a == b ? 1.0 : 0.0;
-    case BinaryOp::ReluBackward: return b > 0 ? a : 0.0;
-    case BinaryOp::SigmoidBackward: return a * b * (1 - b);
-    case BinaryOp::TanhBackward: return a * (1 - b * b);
+    case BinaryOp::Add:
+      return a + b;
+    case BinaryOp::Sub:
+      return a - b;
+    case BinaryOp::Mul:
+      return a * b;
+    case BinaryOp::Div:
+      return a / b;
+    case BinaryOp::Max:
+      return std::max(a, b);
+    case BinaryOp::Min:
+      return std::min(a, b);
+    case BinaryOp::Eq:
+      return a == b ? 1.0 : 0.0;
+    case BinaryOp::ReluBackward:
+      return b > 0 ? a : 0.0;
+    case BinaryOp::SigmoidBackward:
+      return a * b * (1 - b);
+    case BinaryOp::TanhBackward:
+      return a * (1 - b * b);
   }
   return 0;
 }
 
-const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp, UnaryOp::Log,    UnaryOp::Sigmoid,
-                             UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sqrt,  UnaryOp::Abs,
+const UnaryOp kUnaryOps[] = {UnaryOp::Neg,    UnaryOp::Exp,       UnaryOp::Log,  UnaryOp::Sigmoid,
+                             UnaryOp::Relu,   UnaryOp::Tanh,      UnaryOp::Sqrt, UnaryOp::Abs,
                              UnaryOp::Square, UnaryOp::Reciprocal};
-const BinaryOp kBinaryOps[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div,
-                               BinaryOp::Max, BinaryOp::Min, BinaryOp::Eq,
-                               BinaryOp::ReluBackward, BinaryOp::SigmoidBackward,
-                               BinaryOp::TanhBackward};
+const BinaryOp kBinaryOps[] = {
+    BinaryOp::Add,         BinaryOp::Sub,          BinaryOp::Mul,
+    BinaryOp::Div,         BinaryOp::Max,          BinaryOp::Min,
+    BinaryOp::Eq,          BinaryOp::ReluBackward, BinaryOp::SigmoidBackward,
+    BinaryOp::TanhBackward};
 
 bool positive_domain(UnaryOp op) {
   return op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Reciprocal;
@@ -136,7 +157,7 @@ TEST_CASE("cpu sigmoid saturates without NaN", "[kernels]") {
 
 TEST_CASE("cpu binary ops with and without broadcasting", "[kernels]") {
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {3, 1}}, {{2, 3, 4}, {4}},  {{1}, {2, 3}},
+      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {3, 1}}, {{2, 3, 4}, {4}}, {{1}, {2, 3}},
       {{2, 1, 4}, {3, 1}},    {{}, {2, 2}},        {{5, 1}, {1, 6}}};
   for (DType dt : kFloatTypes) {
     for (const auto& [sa, sb] : cases) {
@@ -158,7 +179,7 @@ TEST_CASE("cpu binary ops on strided operands and in place", "[kernels]") {
   for (DType dt : kFloatTypes) {
     INFO(dtype_name(dt));
     Tensor base = rnd({4, 6}, dt);
-    Tensor a = base.transpose(0, 1).slice(0, 1, 5);  // [4, 4], strides (1, 6), offset 1
+    Tensor a = base.transpose(0, 1).slice(0, 1, 5);            // [4, 4], strides (1, 6), offset 1
     Tensor b = rnd({4, 8}, dt).slice(1, 0, 8).slice(1, 2, 6);  // [4, 4], row stride 8
     std::vector<double> av = values(a), bv = values(b), want(16);
     for (size_t i = 0; i < 16; ++i) want[i] = av[i] * bv[i];
@@ -172,7 +193,8 @@ TEST_CASE("cpu binary ops on strided operands and in place", "[kernels]") {
     for (int64_t i = 0; i < 4; ++i)
       for (int64_t j = 0; j < 6; ++j) {
         // a[r, c] = base[c, 1 + r]
-        const double expect = j >= 1 && j <= 4 ? base_before[i * 6 + j] - rv[i] : base_before[i * 6 + j];
+        const double expect =
+            j >= 1 && j <= 4 ? base_before[i * 6 + j] - rv[i] : base_before[i * 6 + j];
         REQUIRE(after[i * 6 + j] == Approx(expect).epsilon(tol(dt)));
       }
     REQUIRE_THROWS_AS(kernels::binary_(BinaryOp::Add, row, a), ShapeError);
@@ -264,22 +286,23 @@ TEST_CASE("cpu strided loop merges contiguous dims", "[kernels]") {
   Shape s{2, 3, 4};
   Strides c = contiguous_strides(s);
   int runs = 0;
-  cpu::for_each_run<1>(s, {&c}, [&](const std::array<int64_t, 1>&, int64_t n,
-                                    const std::array<int64_t, 1>& st) {
-    ++runs;
-    REQUIRE(n == 24);
-    REQUIRE(st[0] == 1);
-  });
+  cpu::for_each_run<1>(
+      s, {&c}, [&](const std::array<int64_t, 1>&, int64_t n, const std::array<int64_t, 1>& st) {
+        ++runs;
+        REQUIRE(n == 24);
+        REQUIRE(st[0] == 1);
+      });
   REQUIRE(runs == 1);
   Shape ts{4, 6};
   Strides tst{1, 4};
   runs = 0;
-  cpu::for_each_run<1>(ts, {&tst}, [&](const std::array<int64_t, 1>& off, int64_t n,
-                                       const std::array<int64_t, 1>& st) {
-    REQUIRE(off[0] == runs);
-    REQUIRE(n == 6);
-    REQUIRE(st[0] == 4);
-    ++runs;
-  });
+  cpu::for_each_run<1>(
+      ts, {&tst},
+      [&](const std::array<int64_t, 1>& off, int64_t n, const std::array<int64_t, 1>& st) {
+        REQUIRE(off[0] == runs);
+        REQUIRE(n == 6);
+        REQUIRE(st[0] == 4);
+        ++runs;
+      });
   REQUIRE(runs == 4);
 }

@@ -87,8 +87,10 @@ TEST_CASE("cpu sgd_step matches torch.optim.SGD", "[kernels]") {
 
 TEST_CASE("cpu adam_step matches torch.optim.Adam and AdamW", "[kernels]") {
   for (DType dt : kFloatTypes) {
-    for (const AdamParams& prm : {adam(0.01, 0, false), adam(0.01, 0.1, false), adam(0.01, 0.1, true)}) {
-      INFO(dtype_name(dt) << " wd " << prm.weight_decay << " decoupled " << prm.decoupled_weight_decay);
+    for (const AdamParams& prm :
+         {adam(0.01, 0, false), adam(0.01, 0.1, false), adam(0.01, 0.1, true)}) {
+      INFO(dtype_name(dt) << " wd " << prm.weight_decay << " decoupled "
+                          << prm.decoupled_weight_decay);
       Tensor param = rnd({7}, dt), m = zeros({7}, dt), v = zeros({7}, dt);
       const std::vector<double> p0 = values(param);
       std::vector<std::vector<double>> grads(7);
@@ -113,12 +115,15 @@ TEST_CASE("cpu optimizer argument errors", "[kernels]") {
   REQUIRE_THROWS_AS(kernels::sgd_step(param, rnd({5}, kFloat32), Tensor(), {}), ShapeError);
   REQUIRE_THROWS_AS(kernels::sgd_step(param, rnd({4}, kFloat64), Tensor(), {}), DTypeError);
   REQUIRE_THROWS_AS(kernels::sgd_step(param, rnd({4}, kFloat32), Tensor(), mom), ValueError);
-  REQUIRE_THROWS_AS(kernels::sgd_step(rnd({4, 2}, kFloat32).transpose(0, 1), rnd({2, 4}, kFloat32), Tensor(), {}),
-                    ValueError);
+  REQUIRE_THROWS_AS(
+      kernels::sgd_step(rnd({4, 2}, kFloat32).transpose(0, 1), rnd({2, 4}, kFloat32), Tensor(), {}),
+      ValueError);
   AdamParams a;
   a.step = 0;
-  REQUIRE_THROWS_AS(kernels::adam_step(param, rnd({4}, kFloat32), zeros({4}), zeros({4}), a), ValueError);
-  REQUIRE_THROWS_AS(kernels::adam_step(param, rnd({4}, kFloat32), zeros({3}), zeros({4}), {}), ShapeError);
+  REQUIRE_THROWS_AS(kernels::adam_step(param, rnd({4}, kFloat32), zeros({4}), zeros({4}), a),
+                    ValueError);
+  REQUIRE_THROWS_AS(kernels::adam_step(param, rnd({4}, kFloat32), zeros({3}), zeros({4}), {}),
+                    ShapeError);
 }
 
 TEST_CASE("cpu dispatcher rejects mixed devices", "[kernels]") {
@@ -149,7 +154,8 @@ TEST_CASE("cpu dispatcher rejects mixed devices", "[kernels]") {
 
 TEST_CASE("cpu dispatcher rejects mismatched shapes and dtypes", "[kernels]") {
   Tensor a = rnd({2, 3}, kFloat32);
-  const std::string msg = error_message([&] { kernels::binary(BinaryOp::Add, a, rnd({4}, kFloat32)); });
+  const std::string msg =
+      error_message([&] { kernels::binary(BinaryOp::Add, a, rnd({4}, kFloat32)); });
   INFO(msg);
   REQUIRE(msg.find("add") != std::string::npos);
   REQUIRE(msg.find("[2,3]") != std::string::npos);
@@ -174,5 +180,6 @@ TEST_CASE("cpu backend map and memcpy", "[kernels]") {
   float src[3] = {1, 2, 3}, dst[3] = {0, 0, 0};
   cpu_backend().memcpy(dst, Device::cpu(1), src, kCPU, sizeof(src));
   REQUIRE(dst[2] == 3.0f);
-  REQUIRE_THROWS_AS(cpu_backend().memcpy(dst, Device::cuda(0), src, kCPU, sizeof(src)), DeviceError);
+  REQUIRE_THROWS_AS(cpu_backend().memcpy(dst, Device::cuda(0), src, kCPU, sizeof(src)),
+                    DeviceError);
 }

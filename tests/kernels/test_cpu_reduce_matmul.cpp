@@ -19,8 +19,8 @@ std::vector<double> ref_reduce(ReduceOp op, const std::vector<double>& x, const 
   for (int64_t i = 0; i < s[0]; ++i)
     for (int64_t j = 0; j < s[1]; ++j)
       for (int64_t k = 0; k < s[2]; ++k) {
-        const size_t o = static_cast<size_t>(((red[0] ? 0 : i) * ob + (red[1] ? 0 : j)) * oc +
-                                             (red[2] ? 0 : k));
+        const size_t o =
+            static_cast<size_t>(((red[0] ? 0 : i) * ob + (red[1] ? 0 : j)) * oc + (red[2] ? 0 : k));
         const double v = x[flat(s, {i, j, k})];
         out[o] = op == ReduceOp::Max ? std::max(out[o], v) : out[o] + v;
         ++count[o];
@@ -35,7 +35,7 @@ std::vector<double> ref_reduce(ReduceOp op, const std::vector<double>& x, const 
 TEST_CASE("cpu reductions over any dims", "[kernels]") {
   const Shape s{3, 4, 5};
   const std::vector<std::pair<std::vector<int64_t>, std::array<bool, 3>>> cases = {
-      {{}, {true, true, true}},       {{0}, {true, false, false}}, {{1}, {false, true, false}},
+      {{}, {true, true, true}},       {{0}, {true, false, false}},   {{1}, {false, true, false}},
       {{-1}, {false, false, true}},   {{0, 2}, {true, false, true}}, {{2, 1}, {false, true, true}},
       {{0, 1, 2}, {true, true, true}}};
   for (DType dt : kFloatTypes) {
@@ -78,12 +78,16 @@ TEST_CASE("cpu sum_to inverts broadcasting", "[kernels]") {
   for (DType dt : kFloatTypes) {
     Tensor x = rnd({2, 3, 4}, dt);
     const std::vector<double> xv = values(x);
-    require_close(kernels::sum_to(x, {3, 1}), ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, false, true}), tol(dt));
-    require_close(kernels::sum_to(x, {4}), ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, false}), tol(dt));
-    require_close(kernels::sum_to(x, {1, 1, 4}), ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, false}), tol(dt));
+    require_close(kernels::sum_to(x, {3, 1}),
+                  ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, false, true}), tol(dt));
+    require_close(kernels::sum_to(x, {4}),
+                  ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, false}), tol(dt));
+    require_close(kernels::sum_to(x, {1, 1, 4}),
+                  ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, false}), tol(dt));
     REQUIRE(kernels::sum_to(x, {1, 1, 4}).shape() == Shape{1, 1, 4});
     require_close(kernels::sum_to(x, {2, 3, 4}), xv, 0);
-    require_close(kernels::sum_to(x, {}), ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, true}), tol(dt));
+    require_close(kernels::sum_to(x, {}),
+                  ref_reduce(ReduceOp::Sum, xv, {2, 3, 4}, {true, true, true}), tol(dt));
     Tensor row = rnd({1, 3}, dt);
     Tensor r = kernels::sum_to(row, {3});  // only a leading 1 to drop
     REQUIRE(r.shape() == Shape{3});
@@ -123,7 +127,8 @@ TEST_CASE("cpu matmul in all transpose combinations", "[kernels]") {
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j)
             for (int64_t p = 0; p < k; ++p)
-              want[i * n + j] += (ta ? av[p * m + i] : av[i * k + p]) * (tb ? bv[j * k + p] : bv[p * n + j]);
+              want[i * n + j] +=
+                  (ta ? av[p * m + i] : av[i * k + p]) * (tb ? bv[j * k + p] : bv[p * n + j]);
         Tensor c = kernels::matmul(a, b, ta, tb);
         REQUIRE(c.shape() == Shape{m, n});
         require_close(c, want, tol(dt) * 10);
@@ -152,6 +157,7 @@ TEST_CASE("cpu matmul edge cases and errors", "[kernels]") {
   REQUIRE_THROWS_AS(kernels::matmul(x, w), ShapeError);
   REQUIRE_THROWS_AS(kernels::matmul(x, rnd({400}, kFloat32)), ShapeError);
   REQUIRE_THROWS_AS(kernels::matmul(x, rnd({400, 2}, kFloat64)), DTypeError);
-  REQUIRE_THROWS_AS(kernels::matmul(from_vector<int64_t>({1}, {1, 1}), from_vector<int64_t>({1}, {1, 1})),
-                    DTypeError);
+  REQUIRE_THROWS_AS(
+      kernels::matmul(from_vector<int64_t>({1}, {1, 1}), from_vector<int64_t>({1}, {1, 1})),
+      DTypeError);
 }

@@ -68,7 +68,8 @@ TEST_CASE("cpu cross_entropy forward and backward", "[kernels]") {
 }
 
 TEST_CASE("cpu count_correct accumulates on the device", "[kernels]") {
-  Tensor logits = from_vector<float>({0.1f, 0.9f, 0.0f, 2.0f, 1.0f, 0.5f, 0.3f, 0.3f, 0.1f}, {3, 3});
+  Tensor logits =
+      from_vector<float>({0.1f, 0.9f, 0.0f, 2.0f, 1.0f, 0.5f, 0.3f, 0.3f, 0.1f}, {3, 3});
   Tensor target = from_vector<int64_t>({1, 1, 0}, {3});
   Tensor correct = zeros({1}, kInt64);
   kernels::count_correct(logits, target, correct);  // rows 0 and 2 (first of a tie) are right
@@ -80,16 +81,21 @@ TEST_CASE("cpu count_correct accumulates on the device", "[kernels]") {
 
 TEST_CASE("cpu cross_entropy rejects bad targets", "[kernels]") {
   Tensor logits = rnd({3, 4}, kFloat32);
-  REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<int64_t>({0, 4, 1}, {3})), ValueError);
-  REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<int64_t>({0, -1, 1}, {3})), ValueError);
+  REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<int64_t>({0, 4, 1}, {3})),
+                    ValueError);
+  REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<int64_t>({0, -1, 1}, {3})),
+                    ValueError);
   REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<int64_t>({0, 1}, {2})), ShapeError);
   REQUIRE_THROWS_AS(kernels::cross_entropy(logits, from_vector<float>({0, 1, 2}, {3})), DTypeError);
-  REQUIRE_THROWS_AS(kernels::cross_entropy(rnd({3, 4, 1}, kFloat32), from_vector<int64_t>({0, 1, 2}, {3})),
-                    ShapeError);
+  REQUIRE_THROWS_AS(
+      kernels::cross_entropy(rnd({3, 4, 1}, kFloat32), from_vector<int64_t>({0, 1, 2}, {3})),
+      ShapeError);
   auto [loss, lp] = kernels::cross_entropy(logits, from_vector<int64_t>({0, 1, 2}, {3}));
-  REQUIRE_THROWS_AS(kernels::cross_entropy_backward(lp, from_vector<int64_t>({0, 9, 2}, {3}), ones({}, kFloat32)),
-                    ValueError);
-  REQUIRE_THROWS_AS(kernels::cross_entropy_backward(lp, from_vector<int64_t>({0, 1, 2}, {3}), ones({2}, kFloat32)),
+  REQUIRE_THROWS_AS(
+      kernels::cross_entropy_backward(lp, from_vector<int64_t>({0, 9, 2}, {3}), ones({}, kFloat32)),
+      ValueError);
+  REQUIRE_THROWS_AS(kernels::cross_entropy_backward(lp, from_vector<int64_t>({0, 1, 2}, {3}),
+                                                    ones({2}, kFloat32)),
                     ShapeError);
 }
 
@@ -108,7 +114,8 @@ TEST_CASE("cpu index_select and index_add", "[kernels]") {
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({0, 4}, {2})), ValueError);
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({-1}, {1})), ValueError);
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<float>({0}, {1})), DTypeError);
-  REQUIRE_THROWS_AS(kernels::index_add(x, from_vector<int64_t>({0, 1, 2, 7}, {4}), {5, 2}), ValueError);
+  REQUIRE_THROWS_AS(kernels::index_add(x, from_vector<int64_t>({0, 1, 2, 7}, {4}), {5, 2}),
+                    ValueError);
   REQUIRE_THROWS_AS(kernels::index_add(x, from_vector<int64_t>({0, 1}, {2}), {5, 2}), ShapeError);
 }
 
@@ -119,9 +126,9 @@ struct BnRef {
 };
 
 // Direct batch norm over x [N, C, HW] in float64.
-BnRef bn_ref(const std::vector<double>& x, int64_t n, int64_t c, int64_t hw, const std::vector<double>& g,
-             const std::vector<double>& b, std::vector<double> rm, std::vector<double> rv,
-             double momentum, double eps) {
+BnRef bn_ref(const std::vector<double>& x, int64_t n, int64_t c, int64_t hw,
+             const std::vector<double>& g, const std::vector<double>& b, std::vector<double> rm,
+             std::vector<double> rv, double momentum, double eps) {
   BnRef r{std::vector<double>(x.size()), {}, {}, {}, {}};
   const double m = static_cast<double>(n * hw);
   for (int64_t ch = 0; ch < c; ++ch) {
@@ -185,7 +192,8 @@ TEST_CASE("cpu batch norm training, eval and backward", "[kernels]") {
 
 TEST_CASE("cpu batch norm backward matches finite differences", "[kernels]") {
   const Shape xs{3, 2, 2, 2};
-  Tensor x = rnd(xs, kFloat64, -1, 2), gamma = rnd({2}, kFloat64, 0.5, 1.5), beta = rnd({2}, kFloat64);
+  Tensor x = rnd(xs, kFloat64, -1, 2), gamma = rnd({2}, kFloat64, 0.5, 1.5),
+         beta = rnd({2}, kFloat64);
   Tensor dy = rnd(xs, kFloat64);
   Tensor rm = zeros({2}, kFloat64), rv = ones({2}, kFloat64);
   // loss(x, gamma, beta) = sum(y * dy): its gradients are what backward returns.
@@ -203,8 +211,12 @@ TEST_CASE("cpu batch norm backward matches finite differences", "[kernels]") {
       p[i] += h;
       q[i] -= h;
       Tensor tp = from_vector(p, t.shape()), tq = from_vector(q, t.shape());
-      const double lp = which == 0 ? loss(tp, gamma, beta) : which == 1 ? loss(x, tp, beta) : loss(x, gamma, tp);
-      const double lq = which == 0 ? loss(tq, gamma, beta) : which == 1 ? loss(x, tq, beta) : loss(x, gamma, tq);
+      const double lp = which == 0   ? loss(tp, gamma, beta)
+                        : which == 1 ? loss(x, tp, beta)
+                                     : loss(x, gamma, tp);
+      const double lq = which == 0   ? loss(tq, gamma, beta)
+                        : which == 1 ? loss(x, tq, beta)
+                                     : loss(x, gamma, tq);
       out[i] = (lp - lq) / (2 * h);
     }
     return out;
@@ -216,12 +228,16 @@ TEST_CASE("cpu batch norm backward matches finite differences", "[kernels]") {
 
 TEST_CASE("cpu batch norm argument errors", "[kernels]") {
   Tensor rm = zeros({3}), rv = ones({3});
-  REQUIRE_THROWS_AS(kernels::batch_norm_train(rnd({1, 3}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
-                    ValueError);
-  REQUIRE_THROWS_AS(kernels::batch_norm_train(rnd({4, 2, 3}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
-                    ShapeError);
-  REQUIRE_THROWS_AS(kernels::batch_norm_train(rnd({4, 4}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
-                    ShapeError);
-  REQUIRE_THROWS_AS(kernels::batch_norm_train(rnd({4, 3}, kFloat64), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
-                    DTypeError);
+  REQUIRE_THROWS_AS(
+      kernels::batch_norm_train(rnd({1, 3}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
+      ValueError);
+  REQUIRE_THROWS_AS(
+      kernels::batch_norm_train(rnd({4, 2, 3}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
+      ShapeError);
+  REQUIRE_THROWS_AS(
+      kernels::batch_norm_train(rnd({4, 4}, kFloat32), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
+      ShapeError);
+  REQUIRE_THROWS_AS(
+      kernels::batch_norm_train(rnd({4, 3}, kFloat64), Tensor(), Tensor(), rm, rv, 0.1, 1e-5),
+      DTypeError);
 }

@@ -14,7 +14,9 @@ namespace tandem::test {
 inline const DType kFloatTypes[] = {kFloat32, kFloat64};
 
 // Relative tolerance for results computed in `t` against float64 references.
-inline double tol(DType t) { return t == kFloat32 ? 2e-5 : 1e-11; }
+inline double tol(DType t) {
+  return t == kFloat32 ? 2e-5 : 1e-11;
+}
 
 // Fresh uniform values in [lo, hi).
 inline Tensor rnd(const Shape& shape, DType dtype, double lo = -1.0, double hi = 1.0) {

@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the parallel tests: small models, random batches, the one-device
+// Shared by the parallel tests: small models, random batches, the one-device
 // reference run, error messages.
 #include <memory>
 #include <string>

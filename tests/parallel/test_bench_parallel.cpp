@@ -95,3 +95,24 @@ TEST_CASE("training step time: one device, ScratchTrainer, DataParallel", "[.ben
     std::printf("  DataParallel   %zu device(s)        %8.3f ms\n", devs.size(), ms);
   }
 }
+
+TEST_CASE("ResNet-18 step time on one and two GPUs", "[.bench-parallel]") {
+  if (cuda_device_count() < 2) {
+    WARN("needs two GPUs");
+    return;
+  }
+  const auto devices = cuda_devices(2);
+  const int64_t batch = 512;
+  Generator gen(2);
+  auto [x, y] = random_batch(batch, {1, 28, 28}, 10, gen, devices[0]);
+  std::printf("ResNet-18, global batch %lld, median step time\n", static_cast<long long>(batch));
+  for (const auto& devs : {std::vector<Device>{devices[0]}, devices}) {
+    for (const std::string& name : communicator_names(devs)) {
+      if (devs.size() == 1 && name != "naive") continue;
+      ScratchTrainer t(std::shared_ptr<nn::Module>(nn::models::resnet18(10, 1, gen)), devs, name,
+                       sgd_factory(0.05, 0.9));
+      const double ms = median_ms(devs, 3, 10, [&] { t.train_batch(x, y); });
+      std::printf("  ScratchTrainer %zu GPU(s), %-5s %8.2f ms\n", devs.size(), name.c_str(), ms);
+    }
+  }
+}

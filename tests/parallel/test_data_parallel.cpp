@@ -168,3 +168,28 @@ TEST_CASE("DataParallel on two GPUs matches the CPU", "[parallel][cuda]") {
   check_dp_matches_one_device(cuda_devices(2), 13, false, 1e-4);
   check_dp_matches_one_device(cuda_devices(2), 13, true, 1e-4);
 }
+
+TEST_CASE("BatchNorm under DataParallel keeps shard 0's running statistics", "[parallel]") {
+  Generator gen(17);
+  auto make = [&] {
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(8, 6, true, gen), std::make_shared<nn::BatchNorm2d>(6),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(6, 4, true, gen)});
+  };
+  auto net = make();
+  auto shard0 = net->clone();
+  auto [x, y] = random_batch(12, {8}, 4, gen);
+  DataParallel dp(net, cpu_devices(2));
+  cross_entropy(dp(x), y).backward();
+  shard0->forward(x.slice(0, 0, 6));  // what replica 0 saw
+  const auto mine = net->buffers(), want = shard0->buffers();
+  REQUIRE(mine.size() == want.size());
+  REQUIRE_FALSE(mine.empty());
+  for (size_t k = 0; k < mine.size(); ++k) CHECK(rel_error(mine[k], want[k]) < 1e-6);
+
+  // The trainer: parameters stay identical, running statistics are per replica.
+  ScratchTrainer trainer(make(), cpu_devices(2), "ring", sgd_factory(0.1, 0.0));
+  trainer.train_batch(x, y);
+  CHECK(replicas_in_sync(trainer.replicas(), 0.0, /*buffers=*/false));
+  CHECK_FALSE(replicas_in_sync(trainer.replicas(), 0.0, /*buffers=*/true));
+}
