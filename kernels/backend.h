@@ -151,6 +151,22 @@ class Backend {
                          const Tensor& v, const AdamParams& p) = 0;
 };
 
+// Process-wide speed/precision settings of the CUDA backend, read when a cuDNN convolution
+// plan is made (so set them before the first convolution of a shape). No effect on the CPU.
+//
+// allow_tf32 (default true, as PyTorch's torch.backends.cudnn.allow_tf32): float32
+//   convolutions may use TF32 tensor cores, whose inputs keep a 10-bit mantissa, so results
+//   differ from the CPU's by about 1e-3 relative. Off: float32 FMA kernels only, within ~1e-5
+//   of the CPU (the test suite turns it off). Environment: TANDEM_ALLOW_TF32=0 turns it off.
+//   Matrix products (cuBLAS) always run in full float32, as PyTorch's default.
+// cudnn_benchmark (default false, as torch.backends.cudnn.benchmark): time cuDNN's candidate
+//   algorithms once per shape (cudnnFind*, which synchronizes once per shape) instead of
+//   trusting its heuristics. Environment: TANDEM_CUDNN_BENCHMARK=1 turns it on.
+void set_allow_tf32(bool on);
+bool allow_tf32();
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+
 Backend& cpu_backend();
 // Throws DeviceError when tandem was built without CUDA.
 Backend& cuda_backend();

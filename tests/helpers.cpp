@@ -3,8 +3,14 @@
 #include <algorithm>
 
 #include "core/device.h"
+#include "kernels/backend.h"
 
 namespace tandem::test {
+
+namespace {
+// The suite compares CUDA against the CPU in exact float32: no TF32 convolutions.
+const bool tf32_off = (set_allow_tf32(false), true);
+}  // namespace
 
 bool have_cuda() { return cuda_device_count() > 0; }
 

@@ -6,18 +6,20 @@
 // and its workspace size are kept in a plan, in a thread_local map keyed by (pass, dtype,
 // device, shapes, stride, padding). Each host thread drives its own device in parallel code,
 // so plans are never shared between threads and need no lock. The algorithm comes from
-// cuDNN's heuristics (cudnnGet*_v7: no GPU work, no host sync); with the environment variable
-// TANDEM_CUDNN_BENCHMARK=1 it is instead measured once with cudnnFind*Ex, which does
+// cuDNN's heuristics (cudnnGet*_v7: no GPU work, no host sync); with cudnn_benchmark() on
+// (kernels/backend.h) it is instead measured once with cudnnFind*Ex, which does
 // synchronize, so warm up before capturing a CUDA graph. Among the candidates, in cuDNN's
 // order of preference, the first deterministic one that is supported and whose workspace fits
 // wins; a nondeterministic one only when none is (Note [deterministic reductions]).
 // Workspaces come from allocate() on the current stream for each call.
 //
-// Note [no TF32]: on Ampere and newer GPUs cuDNN's CUDNN_DEFAULT_MATH *permits* TF32 tensor
-// cores for float32 convolutions (10-bit mantissa inputs), which would put the results about
-// 1e-3 away from the CPU's. float32 convolutions therefore run with CUDNN_FMA_MATH (float32
-// FMA kernels only), and candidates reporting a tensor-op math type are skipped. float64 keeps
-// CUDNN_DEFAULT_MATH: its tensor cores compute in full float64.
+// Note [TF32]: on Ampere and newer GPUs cuDNN's CUDNN_DEFAULT_MATH *permits* TF32 tensor
+// cores for float32 convolutions (10-bit mantissa inputs), which puts the results about
+// 1e-3 away from the CPU's and runs several times faster. tandem follows PyTorch: allowed by
+// default (allow_tf32() in kernels/backend.h). With it off, float32 convolutions run with
+// CUDNN_FMA_MATH (float32 FMA kernels only) and candidates reporting a tensor-op math type
+// are skipped, so results stay within ~1e-5 of the CPU. float64 keeps CUDNN_DEFAULT_MATH: its
+// tensor cores compute in full float64. The setting is part of the plan key.
 #include <climits>
 #include <cstdlib>
 #include <map>
@@ -107,13 +109,10 @@ struct BwdFilterPass {
   }
 };
 
-bool benchmark_mode() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_CUDNN_BENCHMARK");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
+bool benchmark_mode() { return cudnn_benchmark(); }
+
+// Whether a float32 plan may use TF32 tensor cores (Note [TF32]).
+bool tf32_for(DType dtype) { return dtype == kFloat32 && allow_tf32(); }
 
 template <typename Pass>
 void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device device,
@@ -133,9 +132,9 @@ void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device devic
       const auto& r = perf[i];
       if (r.status != CUDNN_STATUS_SUCCESS) continue;
       if (pass == 0 && r.determinism != CUDNN_DETERMINISTIC) continue;
-      if (dtype == kFloat32 && (r.mathType == CUDNN_TENSOR_OP_MATH ||
+      if (dtype == kFloat32 && !tf32_for(dtype) && (r.mathType == CUDNN_TENSOR_OP_MATH ||
                                 r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
-        continue;  // Note [no TF32]
+        continue;  // Note [TF32]
       }
       size_t bytes = 0;
       if (Pass::workspace(h, plan, static_cast<int>(r.algo), &bytes) != CUDNN_STATUS_SUCCESS) continue;
@@ -155,10 +154,11 @@ template <typename Pass>
 const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const Shape& ws,
                          const Shape& ys, const Conv2dParams& p, DType dtype, Device device,
                          const ConvBuffers& bufs) {
-  using Key = std::array<int64_t, 14>;
+  using Key = std::array<int64_t, 16>;
   thread_local std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
-                xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+                xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
@@ -172,7 +172,7 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
       plan->conv.d, to_int(p.pad_h), to_int(p.pad_w), to_int(p.stride_h), to_int(p.stride_w), 1, 1,
       CUDNN_CROSS_CORRELATION, dt));
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(
-      plan->conv.d, dtype == kFloat32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+      plan->conv.d, dtype == kFloat32 && !tf32_for(dtype) ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
   int n = 0, k = 0, oh = 0, ow = 0;
   TANDEM_CUDNN_CHECK(
       cudnnGetConvolution2dForwardOutputDim(plan->conv.d, plan->x.d, plan->w.d, &n, &k, &oh, &ow));

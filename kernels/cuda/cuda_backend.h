@@ -12,9 +12,9 @@
 //   index_add) trap the kernel (__trap()): the stream's context is then unusable and the next
 //   checked CUDA call throws CudaError. count_correct never traps: an out-of-range target is
 //   simply never counted as correct.
-// - Numerics: float32 matmul and convolution run in true float32 (cuBLAS CUBLAS_DEFAULT_MATH,
-//   cuDNN CUDNN_FMA_MATH: no TF32; see Note [no TF32] in conv.cu), so results match the CPU to
-//   about 1e-6 relative.
+// - Numerics: float32 matmul runs in true float32 (cuBLAS CUBLAS_DEFAULT_MATH). float32
+//   convolutions may use TF32 tensor cores unless allow_tf32() is off (then cuDNN
+//   CUDNN_FMA_MATH, within ~1e-5 of the CPU); see Note [TF32] in conv.cu.
 // - Determinism: see Note [deterministic reductions] in common.cuh. Nondeterministic in the
 //   order of floating-point additions: index_add (atomicAdd), and the cuDNN convolution
 //   backward algorithms only when no deterministic algorithm fits (conv.cu prefers them).

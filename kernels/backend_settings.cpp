@@ -1,0 +1,31 @@
+#include <atomic>
+#include <cstdlib>
+
+#include "kernels/backend.h"
+
+namespace tandem {
+
+namespace {
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  return v[0] == '1';
+}
+// Function-local statics: initialized on first use, so a setter called during another
+// translation unit's static initialization is never overwritten afterwards.
+std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_ALLOW_TF32", true)};
+  return flag;
+}
+std::atomic<bool>& benchmark_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK", false)};
+  return flag;
+}
+}  // namespace
+
+void set_allow_tf32(bool on) { tf32_flag() = on; }
+bool allow_tf32() { return tf32_flag(); }
+void set_cudnn_benchmark(bool on) { benchmark_flag() = on; }
+bool cudnn_benchmark() { return benchmark_flag(); }
+
+}  // namespace tandem
