@@ -31,11 +31,20 @@ void add_common_flags(Args& args) {
   args.flag("no-progress", "never draw the progress bar");
 }
 
+// A device flag that does not parse is a bad flag (exit code 2), like any other.
+std::vector<Device> parse_devices_flag(const Args& args) {
+  try {
+    if (args.given("devices")) return parse_device_list(args.str("devices"));
+    if (args.given("device")) return {Device::parse(args.str("device"))};
+  } catch (const ValueError& e) {
+    throw ArgsError(std::string("--") + (args.given("devices") ? "devices" : "device") + ": " + e.what());
+  }
+  return default_devices();
+}
+
 void configure_common(const Args& args, TrainConfig& cfg) {
   if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
-  if (args.given("devices")) cfg.devices = parse_device_list(args.str("devices"));
-  else if (args.given("device")) cfg.devices = {Device::parse(args.str("device"))};
-  else cfg.devices = default_devices();
+  cfg.devices = parse_devices_flag(args);
   cfg.data_dir = args.str("data");
   cfg.parallel = args.choice("parallel", {"scratch", "dp"});
   cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
