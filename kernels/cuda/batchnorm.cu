@@ -1,12 +1,14 @@
 // Batch normalization over [N, C, H*W] (H*W = 1 for [N, C] inputs), per channel, with own
-// kernels that follow kernels/cpu/batchnorm.cpp formula for formula: statistics in double,
-// a two-pass variance (mean first, then the squared deviations: no E[x^2] - E[x]^2
-// cancellation), the biased variance for normalizing, the unbiased one for running_var.
+// kernels that follow kernels/cpu/batchnorm.cpp: statistics in double, the biased variance for
+// normalizing, the unbiased one for running_var.
 //
-// Training and backward run one block per channel; each block reduces its channel in a fixed
-// order (deterministic, no atomics) and then writes the channel's outputs, so one launch does
-// the whole op. A channel's data is read two or three times, mostly from L2.
+// Each pass is three launches (Note [split channel reductions] in channel_reduce.cuh):
+// partial sums of every (channel, image group) block, a per-channel finish that turns them
+// into the channel's coefficients, and an elementwise pass that applies them. The variance is
+// computed from sums of d = x - K and d^2 with K a sample of the channel (the shifted-data
+// algorithm): one pass over x, in double, without the cancellation of E[x^2] - E[x]^2.
 #include "core/device.h"
+#include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -15,89 +17,133 @@ namespace tandem {
 namespace gpu {
 namespace {
 
-constexpr int kChannelThreads = 512;
-
-struct BnGeom {
-  int64_t n, c, hw;
-};
-
-BnGeom bn_geom(const Tensor& x) {
+ChannelSplit bn_split(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
-  return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+  return channel_split(n, c, n * c == 0 ? 0 : x.numel() / (n * c));
 }
 
+// partial[(c * splits + s) * 2 + {0, 1}] = sums of d and d^2 over the group, d = x - x[c, first].
 template <typename T>
-__global__ void bn_train_kernel(const T* x, const T* gamma, const T* beta, T* running_mean,
-                                T* running_var, double momentum, double eps, T* y, T* save_mean,
-                                T* save_invstd, BnGeom g) {
-  const int64_t c = blockIdx.x;
-  const double m = static_cast<double>(g.n * g.hw);
-  double s = 0;
-  for_channel(g.n, g.c, g.hw, c, [&](int64_t off) { s += x[off]; });
-  const double mean = block_reduce(s, SumOp{}, 0.0) / m;
-  double ss = 0;
-  for_channel(g.n, g.c, g.hw, c, [&](int64_t off) {
-    const double d = static_cast<double>(x[off]) - mean;
-    ss += d * d;
+__global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
+  const int64_t c = blockIdx.x, s = blockIdx.y;
+  const double k = static_cast<double>(x[c * g.hw]);
+  double s1 = 0, s2 = 0;
+  for_channel_group(g, c, s, [&](int64_t off) {
+    const double d = static_cast<double>(x[off]) - k;
+    s1 += d;
+    s2 += d * d;
   });
-  ss = block_reduce(ss, SumOp{}, 0.0);
-  const double var = ss / m;
-  const double invstd = 1.0 / sqrt(var + eps);
-  const T mu = static_cast<T>(mean);
-  const T scale = static_cast<T>(invstd * static_cast<double>(gamma[c]));
-  const T shift = beta[c];
-  for_channel(g.n, g.c, g.hw, c, [&](int64_t off) { y[off] = (x[off] - mu) * scale + shift; });
+  s1 = block_reduce(s1, SumOp{}, 0.0);
+  s2 = block_reduce(s2, SumOp{}, 0.0);
   if (threadIdx.x == 0) {
-    save_mean[c] = static_cast<T>(mean);
-    save_invstd[c] = static_cast<T>(invstd);
-    const double unbiased = m > 1 ? ss / (m - 1) : var;
-    running_mean[c] = static_cast<T>((1 - momentum) * running_mean[c] + momentum * mean);
-    running_var[c] = static_cast<T>((1 - momentum) * running_var[c] + momentum * unbiased);
+    partial[(c * g.splits + s) * 2] = s1;
+    partial[(c * g.splits + s) * 2 + 1] = s2;
   }
+}
+
+// One thread per channel: mean, variance, running statistics, and coef[c * 3 + {0,1,2}] =
+// (mean, gamma * invstd, beta) for the elementwise pass.
+template <typename T>
+__global__ void bn_stats_finish(const T* x, const double* partial, const T* gamma, const T* beta,
+                                T* running_mean, T* running_var, double momentum, double eps,
+                                T* save_mean, T* save_invstd, T* coef, ChannelSplit g) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= g.c) return;
+  double s1 = 0, s2 = 0;
+  for (int64_t s = 0; s < g.splits; ++s) {
+    s1 += partial[(c * g.splits + s) * 2];
+    s2 += partial[(c * g.splits + s) * 2 + 1];
+  }
+  const double m = static_cast<double>(g.n * g.hw);
+  const double dmean = s1 / m;
+  const double var = fmax(s2 / m - dmean * dmean, 0.0);
+  const double mean = static_cast<double>(x[c * g.hw]) + dmean;
+  const double invstd = 1.0 / sqrt(var + eps);
+  save_mean[c] = static_cast<T>(mean);
+  save_invstd[c] = static_cast<T>(invstd);
+  const double unbiased = m > 1 ? var * m / (m - 1) : var;
+  running_mean[c] = static_cast<T>((1 - momentum) * running_mean[c] + momentum * mean);
+  running_var[c] = static_cast<T>((1 - momentum) * running_var[c] + momentum * unbiased);
+  coef[c * 3] = static_cast<T>(mean);
+  coef[c * 3 + 1] = static_cast<T>(invstd * static_cast<double>(gamma[c]));
+  coef[c * 3 + 2] = beta[c];
+}
+
+// y = (x - mean) * scale + shift with coef from bn_stats_finish.
+template <typename T>
+__global__ void bn_apply(const T* x, const T* coef, T* y, int64_t planes, int64_t channels, int64_t hw) {
+  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
+    y[off] = (x[off] - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2];
+  });
 }
 
 // y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta, elementwise.
 template <typename T>
 __global__ void bn_eval_kernel(const T* x, const T* gamma, const T* beta, const T* running_mean,
-                               const T* running_var, double eps, T* y, int64_t total, BnGeom g) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-    const int64_t c = (i / g.hw) % g.c;
+                               const T* running_var, double eps, T* y, int64_t planes,
+                               int64_t channels, int64_t hw) {
+  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
     const double invstd = 1.0 / sqrt(static_cast<double>(running_var[c]) + eps);
     const T scale = static_cast<T>(invstd * static_cast<double>(gamma[c]));
-    y[i] = (x[i] - running_mean[c]) * scale + beta[c];
+    y[off] = (x[off] - running_mean[c]) * scale + beta[c];
+  });
+}
+
+// partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group.
+template <typename T>
+__global__ void bn_grad_partials(const T* dy, const T* x, const T* save_mean, double* partial,
+                                 ChannelSplit g) {
+  const int64_t c = blockIdx.x, s = blockIdx.y;
+  const double mean = static_cast<double>(save_mean[c]);
+  double sdy = 0, sdyx = 0;
+  for_channel_group(g, c, s, [&](int64_t off) {
+    const double d = static_cast<double>(dy[off]);
+    sdy += d;
+    sdyx += d * (static_cast<double>(x[off]) - mean);
+  });
+  sdy = block_reduce(sdy, SumOp{}, 0.0);
+  sdyx = block_reduce(sdyx, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    partial[(c * g.splits + s) * 2] = sdy;
+    partial[(c * g.splits + s) * 2 + 1] = sdyx;
   }
 }
 
 // With xhat = (x - mean) * invstd and M values per channel:
 //   dbeta = sum(dy), dgamma = sum(dy * xhat),
 //   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma) = a * dy + b * (x - mean) + d.
+// coef[c * 4 + {0,1,2,3}] = (a, b, d, mean).
 template <typename T>
-__global__ void bn_backward_kernel(const T* dy, const T* x, const T* gamma, const T* save_mean,
-                                   const T* save_invstd, T* dx, T* dgamma, T* dbeta, BnGeom g) {
-  const int64_t c = blockIdx.x;
-  const double m = static_cast<double>(g.n * g.hw);
-  const double mean = save_mean[c], invstd = save_invstd[c];
+__global__ void bn_grad_finish(const double* partial, const T* gamma, const T* save_mean,
+                               const T* save_invstd, T* dgamma, T* dbeta, T* coef, ChannelSplit g) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= g.c) return;
   double sdy = 0, sdyx = 0;
-  for_channel(g.n, g.c, g.hw, c, [&](int64_t off) {
-    sdy += dy[off];
-    sdyx += static_cast<double>(dy[off]) * (static_cast<double>(x[off]) - mean);
-  });
-  sdy = block_reduce(sdy, SumOp{}, 0.0);
-  sdyx = block_reduce(sdyx, SumOp{}, 0.0);
-  const double dg = sdyx * invstd;
-  if (threadIdx.x == 0) {
-    dbeta[c] = static_cast<T>(sdy);
-    dgamma[c] = static_cast<T>(dg);
+  for (int64_t s = 0; s < g.splits; ++s) {
+    sdy += partial[(c * g.splits + s) * 2];
+    sdyx += partial[(c * g.splits + s) * 2 + 1];
   }
-  if (m == 0) return;
+  const double m = static_cast<double>(g.n * g.hw);
+  const double invstd = save_invstd[c];
+  const double dg = sdyx * invstd;
+  dbeta[c] = static_cast<T>(sdy);
+  dgamma[c] = static_cast<T>(dg);
   const double k = static_cast<double>(gamma[c]) * invstd / m;
-  const T a = static_cast<T>(k * m);
-  const T b = static_cast<T>(-k * dg * invstd);
-  const T d = static_cast<T>(-k * sdy);
-  const T mu = static_cast<T>(mean);
-  for_channel(g.n, g.c, g.hw, c, [&](int64_t off) { dx[off] = a * dy[off] + b * (x[off] - mu) + d; });
+  coef[c * 4] = static_cast<T>(k * m);
+  coef[c * 4 + 1] = static_cast<T>(-k * dg * invstd);
+  coef[c * 4 + 2] = static_cast<T>(-k * sdy);
+  coef[c * 4 + 3] = save_mean[c];
 }
+
+template <typename T>
+__global__ void bn_grad_apply(const T* dy, const T* x, const T* coef, T* dx, int64_t planes,
+                              int64_t channels, int64_t hw) {
+  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
+    dx[off] = coef[c * 4] * dy[off] + coef[c * 4 + 1] * (x[off] - coef[c * 4 + 3]) + coef[c * 4 + 2];
+  });
+}
+
+unsigned channel_threads_grid(int64_t c) { return static_cast<unsigned>((c + kBlock - 1) / kBlock); }
 
 }  // namespace
 }  // namespace gpu
@@ -106,16 +152,24 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
                                            const Tensor& running_mean, const Tensor& running_var,
                                            double momentum, double eps, const Tensor& y,
                                            const Tensor& save_mean, const Tensor& save_invstd) {
-  const gpu::BnGeom g = gpu::bn_geom(x);
-  if (g.c == 0) return;
+  const gpu::ChannelSplit g = gpu::bn_split(x);
+  if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
+  cudaStream_t stream = current_cuda_stream(x.device());
+  Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
+  Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_train_kernel<T><<<static_cast<unsigned>(g.c), gpu::kChannelThreads, 0,
-                              current_cuda_stream(x.device())>>>(
-        gpu::cptr<T>(x), gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::ptr<T>(running_mean),
-        gpu::ptr<T>(running_var), momentum, eps, gpu::ptr<T>(y), gpu::ptr<T>(save_mean),
-        gpu::ptr<T>(save_invstd), g);
+    gpu::bn_stats_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+        gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::bn_stats_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(beta),
+        gpu::ptr<T>(running_mean), gpu::ptr<T>(running_var), momentum, eps, gpu::ptr<T>(save_mean),
+        gpu::ptr<T>(save_invstd), gpu::ptr<T>(coef), g);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::bn_apply<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<T>(x), gpu::cptr<T>(coef), gpu::ptr<T>(y), g.n * g.c, g.c, g.hw);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -123,15 +177,15 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
 void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                           const Tensor& running_mean, const Tensor& running_var,
                                           double eps, const Tensor& y) {
-  const gpu::BnGeom g = gpu::bn_geom(x);
-  const int64_t total = x.numel();
-  if (total == 0) return;
+  const gpu::ChannelSplit g = gpu::bn_split(x);
+  if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_eval_kernel<T><<<gpu::grid_for(total), gpu::kBlock, 0, current_cuda_stream(x.device())>>>(
+    gpu::bn_eval_kernel<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0,
+                             current_cuda_stream(x.device())>>>(
         gpu::cptr<T>(x), gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::cptr<T>(running_mean),
-        gpu::cptr<T>(running_var), eps, gpu::ptr<T>(y), total, g);
+        gpu::cptr<T>(running_var), eps, gpu::ptr<T>(y), g.n * g.c, g.c, g.hw);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -139,15 +193,28 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
 void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                       const Tensor& save_mean, const Tensor& save_invstd,
                                       const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
-  const gpu::BnGeom g = gpu::bn_geom(x);
+  const gpu::ChannelSplit g = gpu::bn_split(x);
   if (g.c == 0) return;
+  if (x.numel() == 0) {
+    fill(dgamma, 0.0);
+    fill(dbeta, 0.0);
+    return;
+  }
   DeviceGuard guard(x.device());
+  cudaStream_t stream = current_cuda_stream(x.device());
+  Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
+  Tensor coef = empty({g.c * 4}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_backward_kernel<T><<<static_cast<unsigned>(g.c), gpu::kChannelThreads, 0,
-                                 current_cuda_stream(x.device())>>>(
-        gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(gamma), gpu::cptr<T>(save_mean),
-        gpu::cptr<T>(save_invstd), gpu::ptr<T>(dx), gpu::ptr<T>(dgamma), gpu::ptr<T>(dbeta), g);
+    gpu::bn_grad_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+        gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::bn_grad_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(save_mean),
+        gpu::cptr<T>(save_invstd), gpu::ptr<T>(dgamma), gpu::ptr<T>(dbeta), gpu::ptr<T>(coef), g);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::bn_grad_apply<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(coef), gpu::ptr<T>(dx), g.n * g.c, g.c, g.hw);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -27,6 +27,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_util.h"
@@ -183,22 +184,10 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
   return *(plans[key] = std::move(plan));
 }
 
-// y [N, K, PQ] += bias [K].
+// y [N, K, PQ] += bias [K], one block row per (image, channel) plane (channel_reduce.cuh).
 template <typename T>
-__global__ void add_bias_kernel(T* y, const T* bias, int64_t total, int64_t k, int64_t pq) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-    y[i] += bias[(i / pq) % k];
-  }
-}
-
-// db[k] = sum of dy [N, K, PQ] over N and PQ; one block per channel.
-template <typename T>
-__global__ void bias_grad_kernel(const T* dy, T* db, int64_t n, int64_t k, int64_t pq) {
-  acc_t<T> s = 0;
-  for_channel(n, k, pq, blockIdx.x, [&](int64_t off) { s += dy[off]; });
-  s = block_reduce(s, SumOp{}, acc_t<T>(0));
-  if (threadIdx.x == 0) db[blockIdx.x] = static_cast<T>(s);
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t planes, int64_t k, int64_t pq) {
+  for_planes(planes, k, pq, [&](int64_t off, int64_t c) { y[off] += bias[c]; });
 }
 
 }  // namespace
@@ -221,9 +210,9 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
         static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
         plan.y.d, y.raw_data()));
     if (bias.defined()) {
-      const int64_t total = y.numel(), k = y.size(1), pq = y.size(2) * y.size(3);
-      gpu::add_bias_kernel<T><<<gpu::grid_for(total), gpu::kBlock, 0, current_cuda_stream(x.device())>>>(
-          gpu::ptr<T>(y), gpu::cptr<T>(bias), total, k, pq);
+      const int64_t planes = y.size(0) * y.size(1), k = y.size(1), pq = y.size(2) * y.size(3);
+      gpu::add_bias_kernel<T><<<gpu::plane_grid(planes, pq), gpu::kBlock, 0, current_cuda_stream(x.device())>>>(
+          gpu::ptr<T>(y), gpu::cptr<T>(bias), planes, k, pq);
       TANDEM_CUDA_CHECK_LAUNCH();
     }
   });
@@ -273,10 +262,15 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
         static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
         plan.w.d, dw.raw_data()));
     if (db.defined()) {
-      const int64_t n = dy.size(0), k = dy.size(1), pq = dy.size(2) * dy.size(3);
-      gpu::bias_grad_kernel<T><<<static_cast<unsigned>(k), gpu::row_block_size(n * pq),
-                                 0, current_cuda_stream(dw.device())>>>(
-          gpu::cptr<T>(dy), gpu::ptr<T>(db), n, k, pq);
+      // db = per-channel sum of dy (Note [split channel reductions]).
+      const gpu::ChannelSplit g = gpu::channel_split(dy.size(0), dy.size(1), dy.size(2) * dy.size(3));
+      cudaStream_t stream = current_cuda_stream(dw.device());
+      Tensor partial = empty({g.c * g.splits}, kFloat64, dw.device());
+      gpu::channel_sum_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+          gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
+      TANDEM_CUDA_CHECK_LAUNCH();
+      gpu::channel_sum_finish<T><<<static_cast<unsigned>((g.c + gpu::kBlock - 1) / gpu::kBlock), gpu::kBlock, 0,
+                                   stream>>>(gpu::cptr<double>(partial), gpu::ptr<T>(db), g);
       TANDEM_CUDA_CHECK_LAUNCH();
     }
   });
