@@ -2,7 +2,10 @@
 # One call on a GPU machine: build, run the whole test suite (GPU tests included), then time
 # tandem and PyTorch side by side and print a table. Logs go to $OUT (or ./out).
 #
-#   bench/run_gpu.sh [--skip-tests] [--only lenet|parallel]
+#   bench/run_gpu.sh [--skip-tests] [--only lenet|parallel] [--accuracy]
+#
+# --accuracy also runs bench/accuracy.sh (full LeNet and ResNet-18 training runs, CSVs and
+# timeline traces). Everything but the results and the table is packed into $OUT/logs.tgz.
 #
 # Needs the Fashion-MNIST .gz files in $DATA (default: ./.data/fashion-mnist, else the Debian path).
 set -uo pipefail
@@ -14,10 +17,12 @@ DATA=${DATA:-$PWD/.data/fashion-mnist}
 [ -d "$DATA" ] || DATA=/usr/share/datasets/fashion-mnist
 SKIP_TESTS=0
 ONLY=all
+ACCURACY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-tests) SKIP_TESTS=1 ;;
     --only) ONLY=$2; shift ;;
+    --accuracy) ACCURACY=1 ;;
   esac
   shift
 done
@@ -55,5 +60,13 @@ if [ -x bench/parallel.sh ] && { [ "$ONLY" = all ] || [ "$ONLY" = parallel ]; };
   bench/parallel.sh "$DATA" "$RESULTS" "$NGPU"
 fi
 
+if [ "$ACCURACY" = 1 ]; then
+  echo "== accuracy"
+  bench/accuracy.sh "$DATA" 5 | tee "$OUT/accuracy.txt"
+fi
+
 echo "== results ($GPU x$NGPU, $(date -u +%Y-%m-%d), $(nvcc --version | grep -o 'release [0-9.]*'), torch $(python3 -c 'import torch;print(torch.__version__)'))"
-python3 bench/table.py "$RESULTS"
+python3 bench/table.py "$RESULTS"  | tee "$OUT/table.txt"
+# Pack the logs, CSVs and traces into one file (only a few files come back from a remote run).
+(cd "$OUT" && tar czf /tmp/tandem_logs.tgz --exclude=results.jsonl --exclude=table.txt . ;
+  find . -maxdepth 1 -type f ! -name results.jsonl ! -name table.txt -delete; mv /tmp/tandem_logs.tgz logs.tgz)

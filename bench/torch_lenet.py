@@ -42,6 +42,7 @@ def lenet():
     for m in net:
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
     return net
 
 

@@ -48,6 +48,7 @@ def resnet18():
     for m in net.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
     return net
 
 

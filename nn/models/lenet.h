@@ -20,7 +20,7 @@ struct LeNetOptions {
 //   (3) Conv2d(6, 16, 5)            (4) act  (5) pool 2x2/2      [N, 16, 5, 5]
 //   (6) Flatten                                                  [N, 400]
 //   (7) Linear(400, 120)  (8) act  (9) Linear(120, 84)  (10) act  (11) Linear(84, classes))
-// Initialized by init_cnn (Xavier-uniform weights, default biases) from `gen`.
+// Initialized by init_cnn (Xavier-uniform weights, zero biases) from `gen`.
 // 61,706 parameters with 10 classes.
 std::shared_ptr<Sequential> lenet(const LeNetOptions& options = {},
                                   Generator& gen = default_generator());

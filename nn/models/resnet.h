@@ -15,7 +15,7 @@ namespace tandem::nn::models {
 //   (3) Sequential(Residual(128, 256, 1x1, stride 2), Residual(256, 256))  [N, 256, 7, 7]
 //   (4) Sequential(Residual(256, 512, 1x1, stride 2), Residual(512, 512))  [N, 512, 4, 4]
 //   (5) GlobalAvgPool2d  (6) Flatten  (7) Linear(512, num_classes))        [N, num_classes]
-// Initialized by init_cnn (Xavier-uniform weights, default biases) from `gen`; convolutions have
+// Initialized by init_cnn (Xavier-uniform weights, zero biases) from `gen`; convolutions have
 // biases, as in d2l.
 // 11,175,818 parameters for in_channels 1 and 10 classes.
 std::shared_ptr<Sequential> resnet18(int64_t num_classes = 10, int64_t in_channels = 1,
