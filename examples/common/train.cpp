@@ -34,6 +34,7 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
   TANDEM_CHECK(!cfg.devices.empty(), Value, "no devices given");
   for (Device d : cfg.devices) check_device_exists(d);
   Device home = cfg.devices.front();  // data lives here; batches are split from here
+  CsvLog csv(cfg.csv);  // fails before any work when the file cannot be written
 
   data::FashionMnist train = data::load_fashion_mnist(cfg.data_dir, true, cfg.train_limit);
   data::FashionMnist test = data::load_fashion_mnist(cfg.data_dir, false, cfg.test_limit);
@@ -45,7 +46,6 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
                                 .shuffle = false, .drop_last = false, .seed = 0, .device = home});
 
   std::unique_ptr<Stepper> stepper = make_stepper(cfg);
-  CsvLog csv(cfg.csv);
 
   for (int64_t epoch = 1; epoch <= cfg.epochs; ++epoch) {
     Tensor loss_sum = zeros({}, kFloat32, home);
