@@ -121,7 +121,7 @@ class Tensor {
   void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
   Tensor detach() const;  // shares storage, no history
   // Calls hook(grad) when this leaf's gradient is final in a backward pass
-  // (after accumulation into .grad). Returns an id for remove_hook.
+  // (after accumulation into .grad). Returns an id for remove_grad_hook.
   int register_grad_hook(std::function<void(const Tensor&)> hook) const;
   void remove_grad_hook(int id) const;
 
