@@ -4,12 +4,12 @@
 //
 //   bench_train --model lenet|resnet18 --devices cuda:0[,cuda:1] [--parallel scratch|dp]
 //               [--comm nccl|ring|naive] [--epochs 5] [--batch-size 256] [--train-limit N]
+// (the flags of the training programs; see --help)
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "common/args.h"
-#include "common/train.h"
+#include "common/cli.h"
 #include "data/fashion_mnist.h"
 #include "nn/models/lenet.h"
 #include "nn/models/resnet.h"
@@ -19,36 +19,25 @@ using namespace tandem::examples;
 
 int main(int argc, char** argv) {
   Args args("bench_train", "Times training epochs; prints one JSON line.");
+  add_common_flags(args);
   args.option("model", "lenet", "lenet|resnet18");
-  args.option("data", data::kFashionMnistDefaultDir, "Fashion-MNIST folder");
-  args.option("devices", "cuda:0", "devices");
-  args.option("parallel", "scratch", "scratch|dp");
-  args.option("comm", "nccl", "naive|ring|nccl");
-  args.option("epochs", "5", "epochs (the first is a warm-up)");
-  args.option("batch-size", "256", "global batch");
-  args.option("lr", "", "learning rate (lenet 0.9, resnet18 0.05)");
-  args.option("train-limit", "-1", "training images");
   try {
     if (!args.parse(argc, argv)) {
       std::fputs(args.help().c_str(), stdout);
       return 0;
     }
     TrainConfig cfg;
+    configure_common(args, cfg);
     std::string model = args.choice("model", {"lenet", "resnet18"});
     cfg.make_model = [model]() -> std::shared_ptr<nn::Module> {
       Generator gen(0);
       if (model == "lenet") return nn::models::lenet({}, gen);
       return nn::models::resnet18(10, 1, gen);
     };
-    cfg.devices = parse_device_list(args.str("devices"));
-    cfg.parallel = args.choice("parallel", {"scratch", "dp"});
-    cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
-    cfg.data_dir = args.str("data");
-    cfg.epochs = args.integer("epochs", 2, 1000);
-    cfg.batch_size = args.integer("batch-size", 1);
+    if (!args.given("epochs")) cfg.epochs = 5;
+    if (cfg.epochs < 2) throw ArgsError("--epochs: the first epoch is a warm-up; give at least 2");
     cfg.lr = args.given("lr") ? args.real("lr", 0, 100) : (model == "lenet" ? 0.9 : 0.05);
-    cfg.train_limit = args.integer("train-limit", -1);
-    cfg.test_limit = 1000;
+    if (!args.given("test-limit")) cfg.test_limit = 1000;
     cfg.evaluate = false;
     cfg.drop_last = true;
     cfg.progress = false;
@@ -72,6 +61,9 @@ int main(int argc, char** argv) {
                 model.c_str(), path.c_str(), cfg.devices.size(), static_cast<long long>(cfg.batch_size), median,
                 ips, acc);
     return 0;
+  } catch (const ArgsError& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train: error: %s\n", e.what());
     return 1;

@@ -10,6 +10,19 @@ namespace tandem::examples {
 
 namespace {
 
+// A device flag that does not parse is a bad flag (exit code 2), like any other.
+std::vector<Device> parse_devices_flag(const Args& args) {
+  try {
+    if (args.given("devices")) return parse_device_list(args.str("devices"));
+    if (args.given("device")) return {Device::parse(args.str("device"))};
+  } catch (const ValueError& e) {
+    throw ArgsError(std::string("--") + (args.given("devices") ? "devices" : "device") + ": " + e.what());
+  }
+  return default_devices();
+}
+
+}  // namespace
+
 void add_common_flags(Args& args) {
   args.option("data", data::kFashionMnistDefaultDir, "folder with the Fashion-MNIST IDX files (.gz or raw)");
   args.option("device", "", "one device: cpu, cuda, cuda:N (default: a GPU if present, else cpu)");
@@ -29,17 +42,6 @@ void add_common_flags(Args& args) {
   args.option("csv", "", "write one row per epoch to this CSV file");
   args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices)");
   args.flag("no-progress", "never draw the progress bar");
-}
-
-// A device flag that does not parse is a bad flag (exit code 2), like any other.
-std::vector<Device> parse_devices_flag(const Args& args) {
-  try {
-    if (args.given("devices")) return parse_device_list(args.str("devices"));
-    if (args.given("device")) return {Device::parse(args.str("device"))};
-  } catch (const ValueError& e) {
-    throw ArgsError(std::string("--") + (args.given("devices") ? "devices" : "device") + ": " + e.what());
-  }
-  return default_devices();
 }
 
 void configure_common(const Args& args, TrainConfig& cfg) {
@@ -63,8 +65,6 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   if (!cfg.trace.empty() && cfg.devices.size() < 2) throw ArgsError("--trace needs several --devices");
   cfg.progress = !args.on("no-progress");
 }
-
-}  // namespace
 
 int train_main(int argc, char** argv, const ProgramSpec& spec) {
   Args args(spec.name, spec.summary);

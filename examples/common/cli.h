@@ -21,4 +21,9 @@ struct ProgramSpec {
 
 int train_main(int argc, char** argv, const ProgramSpec& spec);
 
+// The flags every training program shares (data, devices, parallel path, optimizer, limits,
+// CSV, trace) and their validation into a TrainConfig; ArgsError for a bad value.
+void add_common_flags(Args& args);
+void configure_common(const Args& args, TrainConfig& cfg);
+
 }  // namespace tandem::examples
