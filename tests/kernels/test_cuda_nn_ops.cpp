@@ -5,34 +5,13 @@
 #include "catch.h"
 #include "core/device.h"
 #include "helpers.h"
+#include "kernels/cuda_test_util.h"
 #include "kernels/ops.h"
 
 using namespace tandem;
-using tandem::test::rel_error;
+using namespace tandem::test;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-const DType kFloatTypes[] = {kFloat32, kFloat64};
-
-double tol(DType t) { return t == kFloat32 ? 1e-5 : 1e-12; }
-
-Tensor gpu(const Tensor& t) { return t.to(kGpu); }
-
-void check(const Tensor& got, const Tensor& want, double scale = 1.0) {
-  REQUIRE(got.device() == kGpu);
-  REQUIRE(got.dtype() == want.dtype());
-  REQUIRE(got.shape() == want.shape());
-  const double err = rel_error(got, want);
-  INFO("relative error " << err << " (" << dtype_name(want.dtype()) << ")");
-  REQUIRE(err <= tol(want.dtype()) * scale);
-}
-
-void check_equal(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.device() == kGpu);
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(tandem::test::values(got) == tandem::test::values(want));
-}
 
 // Random class indices in [0, classes).
 Tensor random_targets(int64_t n, int64_t classes) {

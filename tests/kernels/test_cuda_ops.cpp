@@ -8,36 +8,13 @@
 #include "core/device.h"
 #include "core/stream.h"
 #include "helpers.h"
+#include "kernels/cuda_test_util.h"
 #include "kernels/ops.h"
 
 using namespace tandem;
-using tandem::test::rel_error;
+using namespace tandem::test;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-const DType kFloatTypes[] = {kFloat32, kFloat64};
-
-double tol(DType t) { return t == kFloat32 ? 1e-5 : 1e-12; }
-
-Tensor gpu(const Tensor& t) { return t.to(kGpu); }
-
-// Requires `got` (on the GPU) to match `want` (on the CPU) to `scale` times the tolerance.
-void check(const Tensor& got, const Tensor& want, double scale = 1.0) {
-  REQUIRE(got.device() == kGpu);
-  REQUIRE(got.dtype() == want.dtype());
-  REQUIRE(got.shape() == want.shape());
-  const double err = rel_error(got, want);
-  INFO("relative error " << err << " (" << dtype_name(want.dtype()) << ")");
-  REQUIRE(err <= tol(want.dtype()) * scale);
-}
-
-// Exact equality (integer results, copies, indices).
-void check_equal(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.device() == kGpu);
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(tandem::test::values(got) == tandem::test::values(want));
-}
 
 const UnaryOp kUnaryOps[] = {UnaryOp::Neg,  UnaryOp::Exp, UnaryOp::Log,  UnaryOp::Sigmoid,
                              UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sqrt, UnaryOp::Abs,
