@@ -33,10 +33,15 @@ class ScratchStepper final : public Stepper {
   void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) override {
     if (trace_ && steps_ == kTracedSteps) trainer_.set_trace(nullptr);
     ++steps_;
-    trainer_.reset_metrics();
     Tensor loss = trainer_.train_batch(x, y);
     kernels::axpby_(static_cast<double>(x.size(0)), loss, 1.0, loss_sum);
+  }
+
+  // Each replica counts its right answers on its own device during the epoch; they are
+  // gathered once here rather than with cross-device copies every step.
+  void end_epoch(const Tensor& correct) override {
     kernels::axpby_(1.0, trainer_.correct(), 1.0, correct);
+    trainer_.reset_metrics();
   }
 
   nn::Module& eval_model() override { return trainer_.module(); }

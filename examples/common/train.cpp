@@ -59,6 +59,7 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
       seen += b.x.size(0);
       if (cfg.progress) progress.update(++step);
     }
+    stepper->end_epoch(correct);
     // The one host synchronization of the epoch: read the accumulated loss and accuracy.
     EpochStats s;
     s.epoch = epoch;
