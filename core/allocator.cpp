@@ -33,17 +33,19 @@ DataPtr allocate_cpu(size_t nbytes) {
 #ifdef TANDEM_WITH_CUDA
 // Raises the release threshold of the device's default pool once, so memory freed with
 // cudaFreeAsync stays cached in the pool rather than returning to the driver at every sync.
+// Runs on every allocation: the common case is one atomic load, no lock.
+std::atomic<bool> g_pool_ready[kMaxTrackedDevices];
+
 void prepare_pool(int index) {
+  if (g_pool_ready[index].load(std::memory_order_acquire)) return;
   static std::mutex mu;
-  static std::vector<bool> done;
   std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<int>(done.size()) <= index) done.resize(index + 1, false);
-  if (done[index]) return;
+  if (g_pool_ready[index].load(std::memory_order_relaxed)) return;
   cudaMemPool_t pool;
   TANDEM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
   uint64_t threshold = UINT64_MAX;
   TANDEM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  done[index] = true;
+  g_pool_ready[index].store(true, std::memory_order_release);
 }
 
 DataPtr allocate_cuda(Device d, size_t nbytes) {

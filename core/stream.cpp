@@ -88,6 +88,17 @@ Stream current_stream(Device d) {
   if (d.is_cuda()) {
     auto it = tls_streams.find(d.index);
     if (it != tls_streams.end()) return Stream(d, it->second);
+    // Every op asks for its stream several times; the default streams never change once
+    // created, so each thread remembers them instead of taking the global lock each time
+    // (device worker threads would otherwise contend for it on every launch).
+    thread_local std::vector<void*> defaults;
+    if (d.index >= 0 && d.index < static_cast<int>(defaults.size()) && defaults[d.index]) {
+      return Stream(d, defaults[d.index]);
+    }
+    Stream s = Stream::default_stream(d);
+    if (static_cast<int>(defaults.size()) <= d.index) defaults.resize(d.index + 1, nullptr);
+    defaults[d.index] = s.handle();
+    return s;
   }
   return Stream::default_stream(d);
 }
