@@ -12,7 +12,7 @@ namespace tandem::autograd {
 
 namespace {
 
-// Restores the thread's grad mode on scope exit (gradcheck needs it on for the analytic part).
+// Restores the thread's grad mode when the scope ends (gradcheck needs it on for the analytic part).
 class GradModeScope {
  public:
   explicit GradModeScope(bool enabled) : prev_(grad_enabled()) { set_grad_enabled(enabled); }

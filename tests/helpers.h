@@ -17,6 +17,22 @@ double rel_error(const Tensor& a, const Tensor& b);
 // Copies a tensor to the CPU as float64 values.
 std::vector<double> values(const Tensor& t);
 
+// The message of the E thrown by f; fails the test when f throws nothing.
+template <typename E, typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  FAIL("expected an exception");
+  return "";
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 }  // namespace tandem::test
 
 // Skips the rest of a test case on a machine without a GPU.

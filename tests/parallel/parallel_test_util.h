@@ -15,20 +15,6 @@
 
 namespace tandem::test {
 
-template <typename E, typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception");
-  return "";
-}
-
-inline bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // 8 -> 16 -> 4 MLP with ReLU.
 inline std::shared_ptr<nn::Module> small_mlp(Generator& gen) {

@@ -4,8 +4,8 @@
 
 using namespace tandem;
 using namespace tandem::parallel;
-using tandem::test::has;
-using tandem::test::message_of;
+using tandem::test::contains;
+using tandem::test::error_message;
 using tandem::test::values;
 
 namespace {
@@ -108,28 +108,28 @@ TEST_CASE("ring and naive agree bit for bit on int64", "[parallel]") {
 
 TEST_CASE("communicators reject bad arguments by name", "[parallel]") {
   auto devices = cpu_devices(2);
-  CHECK(has(message_of<ValueError>([&] { make_communicator("tree", devices); }), "'tree'"));
-  std::string nccl = message_of<Error>([&] { make_communicator("nccl", devices); });
-  CHECK(has(nccl, "naive"));
-  CHECK(has(nccl, "ring"));
+  CHECK(contains(error_message<ValueError>([&] { make_communicator("tree", devices); }), "'tree'"));
+  std::string nccl = error_message<Error>([&] { make_communicator("nccl", devices); });
+  CHECK(contains(nccl, "naive"));
+  CHECK(contains(nccl, "ring"));
   CHECK_THROWS_AS(make_communicator("ring", {}), ValueError);
   for (const char* name : {"naive", "ring"}) {
     auto comm = make_communicator(name, devices);
-    std::string msg = message_of<ValueError>([&] { comm->allreduce_sum({zeros({3}, kFloat32, devices[0])}); });
-    CHECK(has(msg, "1 tensors for 2 devices"));
-    msg = message_of<ShapeError>([&] {
+    std::string msg = error_message<ValueError>([&] { comm->allreduce_sum({zeros({3}, kFloat32, devices[0])}); });
+    CHECK(contains(msg, "1 tensors for 2 devices"));
+    msg = error_message<ShapeError>([&] {
       comm->allreduce_sum({zeros({3}, kFloat32, devices[0]), zeros({4}, kFloat32, devices[1])});
     });
-    CHECK(has(msg, "[4]"));
-    CHECK(has(msg, "[3]"));
-    msg = message_of<DTypeError>([&] {
+    CHECK(contains(msg, "[4]"));
+    CHECK(contains(msg, "[3]"));
+    msg = error_message<DTypeError>([&] {
       comm->allreduce_sum({zeros({3}, kFloat32, devices[0]), zeros({3}, kFloat64, devices[1])});
     });
-    CHECK(has(msg, "float64"));
-    msg = message_of<DeviceError>([&] {
+    CHECK(contains(msg, "float64"));
+    msg = error_message<DeviceError>([&] {
       comm->allreduce_sum({zeros({3}, kFloat32, devices[0]), zeros({3}, kFloat32, devices[0])});
     });
-    CHECK(has(msg, "cpu:1"));
+    CHECK(contains(msg, "cpu:1"));
     CHECK_THROWS_AS(comm->broadcast({zeros({3}, kFloat32, devices[0]), zeros({3}, kFloat32, devices[1])}, 2),
                     ValueError);
   }

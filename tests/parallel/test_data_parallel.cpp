@@ -150,16 +150,16 @@ TEST_CASE("DataParallel errors name the values", "[parallel]") {
   Generator gen(16);
   auto [x, y] = random_batch(2, {8}, 4, gen);
   DataParallel dp(small_mlp(gen), cpu_devices(3));
-  std::string msg = message_of<ValueError>([&] { dp(x); });
-  CHECK(has(msg, "batch of 2"));
-  CHECK(has(msg, "3 devices"));
+  std::string msg = error_message<ValueError>([&] { dp(x); });
+  CHECK(contains(msg, "batch of 2"));
+  CHECK(contains(msg, "3 devices"));
   CHECK_THROWS_AS(DataParallel(small_mlp(gen), {}), ValueError);
   CHECK_THROWS_AS(DataParallel(small_mlp(gen), {Device::cpu(0), Device::cpu(0)}), ValueError);
   CHECK_THROWS_AS(DataParallel(nullptr, cpu_devices(2)), ValueError);
-  std::string gpu = message_of<DeviceError>([&] {
+  std::string gpu = error_message<DeviceError>([&] {
     DataParallel(small_mlp(gen), {Device::cuda(cuda_device_count())});
   });
-  CHECK(has(gpu, "cuda:"));
+  CHECK(contains(gpu, "cuda:"));
 }
 
 TEST_CASE("DataParallel on two GPUs matches the CPU", "[parallel][cuda]") {

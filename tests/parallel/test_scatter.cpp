@@ -3,8 +3,8 @@
 
 using namespace tandem;
 using namespace tandem::parallel;
-using tandem::test::has;
-using tandem::test::message_of;
+using tandem::test::contains;
+using tandem::test::error_message;
 using tandem::test::values;
 
 TEST_CASE("split_sizes cuts as evenly as possible, larger shards first", "[parallel]") {
@@ -13,9 +13,9 @@ TEST_CASE("split_sizes cuts as evenly as possible, larger shards first", "[paral
   CHECK(split_sizes(13, 3) == std::vector<int64_t>{5, 4, 4});
   CHECK(split_sizes(3, 3) == std::vector<int64_t>{1, 1, 1});
   CHECK(split_sizes(7, 1) == std::vector<int64_t>{7});
-  std::string msg = message_of<ValueError>([] { split_sizes(2, 3); });
-  CHECK(has(msg, "batch of 2"));
-  CHECK(has(msg, "3 devices"));
+  std::string msg = error_message<ValueError>([] { split_sizes(2, 3); });
+  CHECK(contains(msg, "batch of 2"));
+  CHECK(contains(msg, "3 devices"));
   CHECK_THROWS_AS(split_sizes(4, 0), ValueError);
 }
 
@@ -58,21 +58,21 @@ TEST_CASE("scatter and gather round-trip with gradients", "[parallel]") {
 
 TEST_CASE("scatter rejects a batch smaller than the device count", "[parallel]") {
   Tensor x = zeros({2, 3});
-  std::string msg = message_of<ValueError>([&] { scatter(x, cpu_devices(3)); });
-  CHECK(has(msg, "batch of 2"));
-  CHECK(has(msg, "3 devices"));
+  std::string msg = error_message<ValueError>([&] { scatter(x, cpu_devices(3)); });
+  CHECK(contains(msg, "batch of 2"));
+  CHECK(contains(msg, "3 devices"));
   CHECK_THROWS_AS(scatter(x, std::vector<int64_t>{1, 2}, cpu_devices(2)), ShapeError);
 }
 
 TEST_CASE("device lists are validated with the list in the message", "[parallel]") {
-  CHECK(has(message_of<ValueError>([] { DeviceWorkers w({}); }), "empty device list"));
-  CHECK(has(message_of<ValueError>([] { DeviceWorkers w({Device::cpu(0), Device::cpu(0)}); }),
+  CHECK(contains(error_message<ValueError>([] { DeviceWorkers w({}); }), "empty device list"));
+  CHECK(contains(error_message<ValueError>([] { DeviceWorkers w({Device::cpu(0), Device::cpu(0)}); }),
             "cpu:0 twice"));
-  CHECK(has(message_of<ValueError>([] { check_device_list({Device::cpu(0), Device::cuda(0)}, "x"); }),
+  CHECK(contains(error_message<ValueError>([] { check_device_list({Device::cpu(0), Device::cuda(0)}, "x"); }),
             "mixes CPU and CUDA"));
-  std::string msg = message_of<DeviceError>([] {
+  std::string msg = error_message<DeviceError>([] {
     check_device_list({Device::cuda(cuda_device_count())}, "x");
   });
-  CHECK(has(msg, "cuda:" + std::to_string(cuda_device_count())));
+  CHECK(contains(msg, "cuda:" + std::to_string(cuda_device_count())));
   CHECK(default_devices(2).size() == 2);
 }

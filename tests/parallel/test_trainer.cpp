@@ -75,9 +75,9 @@ TEST_CASE("ScratchTrainer errors name the values", "[parallel]") {
   Generator gen(1);
   ScratchTrainer trainer(small_mlp(gen), cpu_devices(3), "naive", sgd_factory(0.1, 0.0));
   auto [x, y] = random_batch(2, {8}, 4, gen);
-  std::string msg = message_of<ValueError>([&] { trainer.train_batch(x, y); });
-  CHECK(has(msg, "batch of 2"));
-  CHECK(has(msg, "3 devices"));
+  std::string msg = error_message<ValueError>([&] { trainer.train_batch(x, y); });
+  CHECK(contains(msg, "batch of 2"));
+  CHECK(contains(msg, "3 devices"));
   auto [x5, y5] = random_batch(5, {8}, 4, gen);
   CHECK_THROWS_AS(trainer.train_batch(x5, y), ShapeError);
   CHECK_THROWS_AS(ScratchTrainer(small_mlp(gen), cpu_devices(2), "tree", sgd_factory(0.1, 0.0)),
@@ -94,11 +94,11 @@ TEST_CASE("replicas with different parameter shapes are rejected", "[parallel]")
       std::make_shared<nn::Linear>(8, 12, true, gen), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(12, 4, true, gen)});
   b->to(Device::cpu(1));
-  std::string msg = message_of<ShapeError>([&] { check_replicas({a, b}); });
-  CHECK(has(msg, "replica 1"));
-  CHECK(has(msg, "0.weight"));
-  CHECK(has(msg, "[12,8]"));
-  CHECK(has(msg, "[16,8]"));
+  std::string msg = error_message<ShapeError>([&] { check_replicas({a, b}); });
+  CHECK(contains(msg, "replica 1"));
+  CHECK(contains(msg, "0.weight"));
+  CHECK(contains(msg, "[12,8]"));
+  CHECK(contains(msg, "[16,8]"));
   CHECK_THROWS_AS(broadcast_parameters({a, b}), ShapeError);
   CHECK_THROWS_AS(replicas_in_sync({a, b}), ShapeError);
 }
@@ -131,12 +131,12 @@ TEST_CASE("a traced step writes Chrome trace JSON", "[parallel]") {
   trainer.train_batch(x, y);
   CHECK(trace.size() == 2 * 2 * 3);  // steps x devices x (compute, allreduce, optimizer)
   const std::string json = trace.json();
-  CHECK(has(json, "\"traceEvents\""));
-  CHECK(has(json, "\"ph\": \"X\""));
-  CHECK(has(json, "forward+backward"));
-  CHECK(has(json, "allreduce ring"));
-  CHECK(has(json, "\"name\": \"cpu:1\""));
-  CHECK(has(json, "\"name\": \"comm\""));
+  CHECK(contains(json, "\"traceEvents\""));
+  CHECK(contains(json, "\"ph\": \"X\""));
+  CHECK(contains(json, "forward+backward"));
+  CHECK(contains(json, "allreduce ring"));
+  CHECK(contains(json, "\"name\": \"cpu:1\""));
+  CHECK(contains(json, "\"name\": \"comm\""));
   const std::string path = "tandem_test_trace.json.trace";
   trace.write(path);
   std::ifstream in(path);

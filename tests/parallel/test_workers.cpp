@@ -9,8 +9,8 @@
 
 using namespace tandem;
 using namespace tandem::parallel;
-using tandem::test::has;
-using tandem::test::message_of;
+using tandem::test::contains;
+using tandem::test::error_message;
 
 TEST_CASE("workers run on their own device and thread, the same threads every time", "[parallel]") {
   DeviceWorkers workers(cpu_devices(3));
@@ -56,22 +56,22 @@ TEST_CASE("workers take the caller's grad mode", "[parallel]") {
 
 TEST_CASE("an exception in a worker reaches the caller with the device named", "[parallel]") {
   DeviceWorkers workers(cpu_devices(3));
-  std::string msg = message_of<ShapeError>([&] {
+  std::string msg = error_message<ShapeError>([&] {
     workers.run([](size_t r) {
       if (r == 1) TANDEM_THROW(Shape, "bad shape on rank ", r);
     });
   });
-  CHECK(has(msg, "worker 1 (cpu:1)"));
-  CHECK(has(msg, "bad shape on rank 1"));
+  CHECK(contains(msg, "worker 1 (cpu:1)"));
+  CHECK(contains(msg, "bad shape on rank 1"));
 
   // Several failures: the first by rank, and how many failed.
-  msg = message_of<Error>([&] {
+  msg = error_message<Error>([&] {
     workers.run([](size_t r) {
       if (r > 0) throw std::runtime_error("boom " + std::to_string(r));
     });
   });
-  CHECK(has(msg, "worker 1 (cpu:1) and 1 more of 3 failed"));
-  CHECK(has(msg, "boom 1"));
+  CHECK(contains(msg, "worker 1 (cpu:1) and 1 more of 3 failed"));
+  CHECK(contains(msg, "boom 1"));
 
   // The pool still works afterwards.
   std::atomic<int> ran{0};
@@ -81,10 +81,10 @@ TEST_CASE("an exception in a worker reaches the caller with the device named", "
 
 TEST_CASE("a nested run is refused instead of deadlocking", "[parallel]") {
   DeviceWorkers workers(cpu_devices(2));
-  std::string msg = message_of<Error>([&] {
+  std::string msg = error_message<Error>([&] {
     workers.run([&](size_t) { workers.run([](size_t) {}); });
   });
-  CHECK(has(msg, "nested"));
+  CHECK(contains(msg, "nested"));
 }
 
 TEST_CASE("parallel_apply runs each replica's forward on its device", "[parallel]") {
