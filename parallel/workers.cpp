@@ -1,7 +1,10 @@
 #include "parallel/workers.h"
 
+#include <cstdlib>
+
 #include "autograd/grad_mode.h"
 #include "core/error.h"
+#include "kernels/backend.h"
 #include "parallel/device_api.h"
 
 namespace tandem::parallel {
@@ -34,6 +37,10 @@ thread_local const DeviceWorkers* t_owner = nullptr;  // the pool this thread wo
 
 DeviceWorkers::DeviceWorkers(std::vector<Device> devices) : devices_(std::move(devices)) {
   check_device_list(devices_, "DeviceWorkers");
+  // Note [one BLAS thread per virtual device] in kernels/backend.h.
+  if (devices_.size() > 1 && devices_.front().is_cpu() && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    set_cpu_blas_threads(1);
+  }
   for (size_t rank = 0; rank < devices_.size(); ++rank) {
     streams_.push_back(current_stream(devices_[rank]));
   }

@@ -64,3 +64,9 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
 }
 
 }  // namespace tandem::cpu
+
+namespace tandem {
+
+void set_cpu_blas_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+
+}  // namespace tandem
