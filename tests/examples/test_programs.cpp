@@ -1,4 +1,4 @@
-// The lenet program end to end on tiny Fashion-MNIST-shaped IDX files written here: it trains,
+// The lenet and resnet programs end to end on tiny Fashion-MNIST-shaped IDX files written here: it trains,
 // writes its CSV, and fails with the documented exit codes and one-line messages.
 #ifdef TANDEM_LENET_PATH
 #include <sys/wait.h>
@@ -23,15 +23,19 @@ struct Result {
   std::string output;
 };
 
-// Runs the lenet binary with `args`; returns its exit code and what it printed.
-Result run_lenet(const TempDir& dir, const std::string& args) {
+// Runs a program with `args`; returns its exit code and what it printed.
+Result run_program(const char* program, const TempDir& dir, const std::string& args) {
   const std::string out = dir.file("out.txt");
-  const std::string cmd = std::string(TANDEM_LENET_PATH) + " " + args + " > " + out + " 2>&1";
+  const std::string cmd = std::string(program) + " " + args + " > " + out + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream f(out);
   std::stringstream ss;
   ss << f.rdbuf();
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+}
+
+Result run_lenet(const TempDir& dir, const std::string& args) {
+  return run_program(TANDEM_LENET_PATH, dir, args);
 }
 
 // 64 training and 32 test images of 28x28 with labels in [0, 10).
@@ -80,6 +84,21 @@ TEST_CASE("lenet trains on tiny data and writes its CSV", "[examples]") {
       CHECK(r.code == 0);
     }
   }
+}
+
+TEST_CASE("resnet trains a step on tiny data, on one and two virtual CPU devices", "[examples]") {
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string common = "--data " + dir.path().string() +
+                             " --epochs 1 --batch-size 8 --train-limit 16 --test-limit 8 --no-progress";
+  for (const char* devices : {"--device cpu", "--devices cpu:0,cpu:1"}) {
+    Result r = run_program(TANDEM_RESNET_PATH, dir, common + " " + devices);
+    INFO(devices << " -> " << r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output.find("epoch   1") != std::string::npos);
+  }
+  Result bad = run_program(TANDEM_RESNET_PATH, dir, common + " --lr -1");
+  CHECK(bad.code == 2);
 }
 
 TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "[examples]") {
