@@ -1,7 +1,8 @@
 // Where does one training step's time go? Runs ResNet-18 or LeNet training steps on random data
 // on one device and prints, per step (medians of --reps repetitions of --steps steps):
 //
-//   host_ms   host time to *enqueue* a step (the step function returns; nothing waits for the GPU)
+//   host_ms   host time to *enqueue* one step on an idle GPU (until the step function returns;
+//             nothing waits for the GPU, and the launch queue is far from full)
 //   wall_ms   time per step with the GPU kept busy (enqueue --steps steps, then synchronize)
 //   fwd_ms, fwd_bwd_ms   the step cut after forward / after backward (each synchronized alone)
 //
@@ -91,9 +92,15 @@ int main(int argc, char** argv) {
 
     std::vector<double> host, wall, fwd, fwd_bwd;
     for (int r = 0; r < reps; ++r) {
+      for (int i = 0; i < steps; ++i) {
+        synchronize(dev);
+        auto t = Clock::now();
+        run(2);
+        host.push_back(ms_since(t));
+      }
+      synchronize(dev);
       auto t0 = Clock::now();
       for (int i = 0; i < steps; ++i) run(2);
-      host.push_back(ms_since(t0) / steps);
       synchronize(dev);
       wall.push_back(ms_since(t0) / steps);
       for (int phase = 0; phase < 2; ++phase) {

@@ -23,15 +23,19 @@ ChannelSplit bn_split(const Tensor& x) {
 }
 
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of d and d^2 over the group, d = x - x[c, first].
-template <typename T>
+template <int VEC, typename T>
 __global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
   const double k = static_cast<double>(x[c * g.hw]);
   double s1 = 0, s2 = 0;
-  for_channel_group(g, c, s, [&](int64_t off) {
-    const double d = static_cast<double>(x[off]) - k;
-    s1 += d;
-    s2 += d * d;
+  for_channel_group<VEC>(g, c, s, [&](int64_t off) {
+    const Vec<T, VEC> v = load_vec<VEC>(x, off);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double d = static_cast<double>(v.v[j]) - k;
+      s1 += d;
+      s2 += d * d;
+    }
   });
   s1 = block_reduce(s1, SumOp{}, 0.0);
   s2 = block_reduce(s2, SumOp{}, 0.0);
@@ -71,35 +75,38 @@ __global__ void bn_stats_finish(const T* x, const double* partial, const T* gamm
 
 // y = (x - mean) * scale + shift with coef from bn_stats_finish.
 template <typename T>
-__global__ void bn_apply(const T* x, const T* coef, T* y, int64_t planes, int64_t channels, int64_t hw) {
-  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
-    y[off] = (x[off] - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2];
-  });
-}
+struct BnApply {
+  const T* coef;
+  __device__ T operator()(int64_t c, T x) const { return (x - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]; }
+};
 
-// y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta, elementwise.
+// y = (x - running_mean) * scale + shift with coef from bn_eval_coef (the same form as training).
 template <typename T>
-__global__ void bn_eval_kernel(const T* x, const T* gamma, const T* beta, const T* running_mean,
-                               const T* running_var, double eps, T* y, int64_t planes,
-                               int64_t channels, int64_t hw) {
-  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
-    const double invstd = 1.0 / sqrt(static_cast<double>(running_var[c]) + eps);
-    const T scale = static_cast<T>(invstd * static_cast<double>(gamma[c]));
-    y[off] = (x[off] - running_mean[c]) * scale + beta[c];
-  });
+__global__ void bn_eval_coef(const T* gamma, const T* beta, const T* running_mean, const T* running_var,
+                             double eps, T* coef, int64_t channels) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double invstd = 1.0 / sqrt(static_cast<double>(running_var[c]) + eps);
+  coef[c * 3] = running_mean[c];
+  coef[c * 3 + 1] = static_cast<T>(invstd * static_cast<double>(gamma[c]));
+  coef[c * 3 + 2] = beta[c];
 }
 
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group.
-template <typename T>
+template <int VEC, typename T>
 __global__ void bn_grad_partials(const T* dy, const T* x, const T* save_mean, double* partial,
                                  ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
   const double mean = static_cast<double>(save_mean[c]);
   double sdy = 0, sdyx = 0;
-  for_channel_group(g, c, s, [&](int64_t off) {
-    const double d = static_cast<double>(dy[off]);
-    sdy += d;
-    sdyx += d * (static_cast<double>(x[off]) - mean);
+  for_channel_group<VEC>(g, c, s, [&](int64_t off) {
+    const Vec<T, VEC> dv = load_vec<VEC>(dy, off), xv = load_vec<VEC>(x, off);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double d = static_cast<double>(dv.v[j]);
+      sdy += d;
+      sdyx += d * (static_cast<double>(xv.v[j]) - mean);
+    }
   });
   sdy = block_reduce(sdy, SumOp{}, 0.0);
   sdyx = block_reduce(sdyx, SumOp{}, 0.0);
@@ -136,12 +143,12 @@ __global__ void bn_grad_finish(const double* partial, const T* gamma, const T* s
 }
 
 template <typename T>
-__global__ void bn_grad_apply(const T* dy, const T* x, const T* coef, T* dx, int64_t planes,
-                              int64_t channels, int64_t hw) {
-  for_planes(planes, channels, hw, [&](int64_t off, int64_t c) {
-    dx[off] = coef[c * 4] * dy[off] + coef[c * 4 + 1] * (x[off] - coef[c * 4 + 3]) + coef[c * 4 + 2];
-  });
-}
+struct BnGradApply {
+  const T* coef;
+  __device__ T operator()(int64_t c, T dy, T x) const {
+    return coef[c * 4] * dy + coef[c * 4 + 1] * (x - coef[c * 4 + 3]) + coef[c * 4 + 2];
+  }
+};
 
 unsigned channel_threads_grid(int64_t c) { return static_cast<unsigned>((c + kBlock - 1) / kBlock); }
 
@@ -160,17 +167,18 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
   Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_stats_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-        gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
+    gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+      gpu::bn_stats_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+          gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
+    }, gpu::cptr<T>(x));
     TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_stats_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
         gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(beta),
         gpu::ptr<T>(running_mean), gpu::ptr<T>(running_var), momentum, eps, gpu::ptr<T>(save_mean),
         gpu::ptr<T>(save_invstd), gpu::ptr<T>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_apply<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(x), gpu::cptr<T>(coef), gpu::ptr<T>(y), g.n * g.c, g.c, g.hw);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::channel_map(gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), x.numel(), g.c, g.hw, stream,
+                     gpu::cptr<T>(x));
   });
 }
 
@@ -180,13 +188,16 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
   const gpu::ChannelSplit g = gpu::bn_split(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
+  cudaStream_t stream = current_cuda_stream(x.device());
+  Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_eval_kernel<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0,
-                             current_cuda_stream(x.device())>>>(
-        gpu::cptr<T>(x), gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::cptr<T>(running_mean),
-        gpu::cptr<T>(running_var), eps, gpu::ptr<T>(y), g.n * g.c, g.c, g.hw);
+    gpu::bn_eval_coef<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::cptr<T>(running_mean), gpu::cptr<T>(running_var), eps,
+        gpu::ptr<T>(coef), g.c);
     TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::channel_map(gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), x.numel(), g.c, g.hw, stream,
+                     gpu::cptr<T>(x));
   });
 }
 
@@ -206,16 +217,17 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
   Tensor coef = empty({g.c * 4}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_grad_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-        gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
+    gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+      gpu::bn_grad_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+          gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
+    }, gpu::cptr<T>(dy), gpu::cptr<T>(x));
     TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_grad_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
         gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(save_mean),
         gpu::cptr<T>(save_invstd), gpu::ptr<T>(dgamma), gpu::ptr<T>(dbeta), gpu::ptr<T>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_grad_apply<T><<<gpu::plane_grid(g.n * g.c, g.hw), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(coef), gpu::ptr<T>(dx), g.n * g.c, g.c, g.hw);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::channel_map(gpu::BnGradApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(dx), x.numel(), g.c, g.hw, stream,
+                     gpu::cptr<T>(dy), gpu::cptr<T>(x));
   });
 }
 

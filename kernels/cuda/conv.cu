@@ -184,11 +184,12 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
   return *(plans[key] = std::move(plan));
 }
 
-// y [N, K, PQ] += bias [K], one block row per (image, channel) plane (channel_reduce.cuh).
+// y [N, K, PQ] += bias [K] (channel_map, channel_reduce.cuh).
 template <typename T>
-__global__ void add_bias_kernel(T* y, const T* bias, int64_t planes, int64_t k, int64_t pq) {
-  for_planes(planes, k, pq, [&](int64_t off, int64_t c) { y[off] += bias[c]; });
-}
+struct AddBias {
+  const T* bias;
+  __device__ T operator()(int64_t c, T y) const { return y + bias[c]; }
+};
 
 }  // namespace
 }  // namespace gpu
@@ -210,10 +211,8 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
         static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
         plan.y.d, y.raw_data()));
     if (bias.defined()) {
-      const int64_t planes = y.size(0) * y.size(1), k = y.size(1), pq = y.size(2) * y.size(3);
-      gpu::add_bias_kernel<T><<<gpu::plane_grid(planes, pq), gpu::kBlock, 0, current_cuda_stream(x.device())>>>(
-          gpu::ptr<T>(y), gpu::cptr<T>(bias), planes, k, pq);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      gpu::channel_map(gpu::AddBias<T>{gpu::cptr<T>(bias)}, gpu::ptr<T>(y), y.numel(), y.size(1),
+                       y.size(2) * y.size(3), current_cuda_stream(x.device()), gpu::cptr<T>(y));
     }
   });
 }
@@ -266,8 +265,10 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
       const gpu::ChannelSplit g = gpu::channel_split(dy.size(0), dy.size(1), dy.size(2) * dy.size(3));
       cudaStream_t stream = current_cuda_stream(dw.device());
       Tensor partial = empty({g.c * g.splits}, kFloat64, dw.device());
-      gpu::channel_sum_partials<T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-          gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
+      gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+        gpu::channel_sum_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+            gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
+      }, gpu::cptr<T>(dy));
       TANDEM_CUDA_CHECK_LAUNCH();
       gpu::channel_sum_finish<T><<<static_cast<unsigned>((g.c + gpu::kBlock - 1) / gpu::kBlock), gpu::kBlock, 0,
                                    stream>>>(gpu::cptr<double>(partial), gpu::ptr<T>(db), g);
