@@ -8,11 +8,14 @@
 //
 // host_ms close to wall_ms means the step is bound by the host (launch and bookkeeping cost);
 // host_ms far below wall_ms means the GPU is the bottleneck and kernel time is what to cut.
+// With --host-ops it also prints the host cost of single operations on a stage-1 ResNet
+// activation ([B, 64, 28, 28]): what each call costs the launching thread, against its GPU time.
 // With --profile, the CUDA profiler (ncu --profile-from-start off) sees exactly one step after
 // the warm-up. Prints one JSON line.
 //
 //   bench_step --model resnet18|lenet --device cuda:0 [--batch-size 256] [--steps 20] [--reps 5]
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -22,6 +25,7 @@
 #include "common/args.h"
 #include "core/device.h"
 #include "kernels/backend.h"
+#include "kernels/ops.h"
 #include "nn/models/lenet.h"
 #include "nn/models/resnet.h"
 #include "nn/optim/sgd.h"
@@ -39,6 +43,45 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// Host microseconds per call of f (n calls enqueued back to back on an idle GPU) and the
+// microseconds per call until the GPU has finished them all.
+void time_op(const char* name, Device dev, int n, const std::function<void()>& f) {
+  f();
+  synchronize(dev);
+  auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) f();
+  const double host = ms_since(t0) * 1000 / n;
+  synchronize(dev);
+  const double gpu = ms_since(t0) * 1000 / n;
+  std::printf("{\"kind\": \"host_op\", \"op\": \"%s\", \"host_us\": %.2f, \"total_us\": %.2f}\n", name, host,
+              gpu);
+}
+
+void host_ops(Device dev, int64_t bs) {
+  Tensor x = randn({bs, 64, 28, 28}, kFloat32, dev), w = randn({64, 64, 3, 3}, kFloat32, dev);
+  Tensor b = randn({64}, kFloat32, dev), g = ones({64}, kFloat32, dev), rm = zeros({64}, kFloat32, dev);
+  Tensor rv = ones({64}, kFloat32, dev), small = randn({64}, kFloat32, dev), buf = zeros({64}, kFloat32, dev);
+  Conv2dParams p{1, 1, 1, 1};
+  auto bn = kernels::batch_norm_train(x, g, b, rm, rv, 0.1, 1e-5);
+  const int n = 50;
+  time_op("alloc+free 51MB", dev, n, [&] { Tensor t = empty(x.shape(), kFloat32, dev); });
+  time_op("relu (unary)", dev, n, [&] { kernels::unary(UnaryOp::Relu, x); });
+  time_op("add (binary)", dev, n, [&] { kernels::binary(BinaryOp::Add, x, x); });
+  time_op("relu, tiny tensor", dev, n, [&] { kernels::unary(UnaryOp::Relu, small); });
+  time_op("conv2d fwd + bias", dev, n, [&] { kernels::conv2d(x, w, b, p); });
+  time_op("conv2d bwd data", dev, n, [&] { kernels::conv2d_backward_input(x, w, p, x.shape()); });
+  time_op("conv2d bwd weight+bias", dev, n, [&] { kernels::conv2d_backward_weight(x, x, p, w.shape(), true); });
+  time_op("batch_norm_train", dev, n, [&] { kernels::batch_norm_train(x, g, b, rm, rv, 0.1, 1e-5); });
+  time_op("batch_norm_backward", dev, n,
+          [&] { kernels::batch_norm_backward(x, x, g, bn.save_mean, bn.save_invstd); });
+  SgdParams sp;
+  sp.lr = 0.01;
+  time_op("sgd_step tiny", dev, n, [&] { kernels::sgd_step(small, small, buf, sp); });
+  Tensor xr = x.detach();
+  xr.set_requires_grad(true);
+  time_op("relu with autograd node", dev, n, [&] { relu(xr); });
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();
@@ -54,6 +97,7 @@ int main(int argc, char** argv) {
   args.option("batch-size", "256", "images per step");
   args.option("steps", "20", "steps per repetition");
   args.option("reps", "5", "repetitions (the median is printed)");
+  args.flag("host-ops", "also time single operations: host cost against GPU time");
   args.flag("profile", "bracket one step with cudaProfilerStart/Stop (for ncu)");
   try {
     if (!args.parse(argc, argv)) {
@@ -110,6 +154,7 @@ int main(int argc, char** argv) {
         (phase == 0 ? fwd : fwd_bwd).push_back(ms_since(t1) / steps);
       }
     }
+    if (args.on("host-ops")) host_ops(dev, bs);
 #ifdef TANDEM_WITH_CUDA
     if (args.on("profile") && dev.is_cuda()) {
       synchronize(dev);

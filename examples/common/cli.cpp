@@ -33,6 +33,7 @@ void add_common_flags(Args& args) {
   args.option("epochs", "10", "training epochs");
   args.option("batch-size", "256", "global minibatch size (split across devices)");
   args.option("lr", "", "learning rate");
+  args.option("lr-schedule", "constant", "constant|cosine (cosine: per epoch, from --lr down towards 0)");
   args.option("optimizer", "sgd", "sgd|adam");
   args.option("momentum", "0", "SGD momentum");
   args.option("weight-decay", "0", "L2 weight decay");
@@ -54,6 +55,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   cfg.epochs = args.integer("epochs", 1, 100000);
   cfg.batch_size = args.integer("batch-size", 1, 1 << 20);
   cfg.optimizer = args.choice("optimizer", {"sgd", "adam"});
+  cfg.lr_schedule = args.choice("lr-schedule", {"constant", "cosine"});
   cfg.momentum = args.real("momentum", 0.0, 1.0);
   cfg.weight_decay = args.real("weight-decay", 0.0, 1.0);
   cfg.seed = static_cast<uint64_t>(args.integer("seed", 0));
@@ -86,8 +88,9 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     std::string devs;
     for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
     std::string how = cfg.devices.size() < 2 ? "" : " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
-    std::printf("%s on %s%s, batch %lld, %s lr %g\n", description.c_str(), devs.c_str(), how.c_str(),
-                static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), cfg.lr);
+    std::printf("%s on %s%s, batch %lld, %s lr %g%s\n", description.c_str(), devs.c_str(), how.c_str(),
+                static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), cfg.lr,
+                cfg.lr_schedule == "cosine" ? " (cosine)" : "");
     std::fflush(stdout);
     run_training(cfg, [](const EpochStats& s) {
       std::printf("%s\n", format_epoch(s).c_str());

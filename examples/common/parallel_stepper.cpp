@@ -44,6 +44,9 @@ class ScratchStepper final : public Stepper {
     trainer_.reset_metrics();
   }
 
+  void set_lr(double lr) override {
+    for (size_t r = 0; r < trainer_.devices().size(); ++r) trainer_.optimizer(r).set_lr(lr);
+  }
   nn::Module& eval_model() override { return trainer_.module(); }
 
   void write_trace(const std::string& path) override {
@@ -73,6 +76,7 @@ class DataParallelStepper final : public Stepper {
     kernels::count_correct(logits.detach(), y, correct);
   }
 
+  void set_lr(double lr) override { opt_->set_lr(lr); }
   nn::Module& eval_model() override { return dp_.module(); }
 
  private:

@@ -34,6 +34,7 @@ class SingleDeviceStepper final : public Stepper {
     kernels::count_correct(logits.detach(), y, correct);
   }
 
+  void set_lr(double lr) override { opt_->set_lr(lr); }
   nn::Module& eval_model() override { return *model_; }
 
  private:

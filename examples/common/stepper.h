@@ -20,6 +20,8 @@ class Stepper {
   virtual void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) = 0;
   // Called once after the last step of an epoch, before the driver reads `correct`.
   virtual void end_epoch(const Tensor& correct) {}
+  // Sets the learning rate of the optimizer(s) for the following steps.
+  virtual void set_lr(double lr) = 0;
   // The model to evaluate (on the first device).
   virtual nn::Module& eval_model() = 0;
   // Writes the timeline of the steps recorded so far (Chrome trace JSON); a no-op when the

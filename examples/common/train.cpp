@@ -1,6 +1,7 @@
 #include "common/train.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "autograd/grad_mode.h"
@@ -30,6 +31,12 @@ double evaluate(nn::Module& model, data::DataLoader& loader) {
 
 }  // namespace
 
+double epoch_lr(const TrainConfig& cfg, int64_t epoch) {
+  if (cfg.lr_schedule != "cosine") return cfg.lr;
+  const double pi = std::acos(-1.0);
+  return cfg.lr * 0.5 * (1.0 + std::cos(pi * static_cast<double>(epoch - 1) / static_cast<double>(cfg.epochs)));
+}
+
 void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch) {
   TANDEM_CHECK(!cfg.devices.empty(), Value, "no devices given");
   for (Device d : cfg.devices) check_device_exists(d);
@@ -50,6 +57,7 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
   for (int64_t epoch = 1; epoch <= cfg.epochs; ++epoch) {
     Tensor loss_sum = zeros({}, kFloat32, home);
     Tensor correct = zeros({1}, kInt64, home);
+    stepper->set_lr(epoch_lr(cfg, epoch));
     Progress progress(train_loader.num_batches(), "epoch " + std::to_string(epoch));
     synchronize_all();
     auto t0 = std::chrono::steady_clock::now();

@@ -23,6 +23,7 @@ struct TrainConfig {
   int64_t batch_size = 256;             // global batch, split across devices
   std::string optimizer = "sgd";        // sgd | adam
   double lr = 0.9, momentum = 0.0, weight_decay = 0.0;
+  std::string lr_schedule = "constant";  // constant | cosine (per epoch, from lr down towards 0)
   uint64_t seed = 0;
   int64_t train_limit = -1, test_limit = -1;
   bool evaluate = true;                 // test accuracy after each epoch
@@ -33,6 +34,10 @@ struct TrainConfig {
 
 // Runs the whole training; calls on_epoch after each epoch. Throws tandem::Error on failure.
 void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch);
+
+// The learning rate of epoch `epoch` (1-based) of cfg.epochs: cfg.lr, or with "cosine"
+// lr * (1 + cos(pi * (epoch - 1) / epochs)) / 2 (lr in the first epoch, lr/2 halfway).
+double epoch_lr(const TrainConfig& cfg, int64_t epoch);
 
 // Default device list for a program: every GPU's first when there is one, else the CPU.
 std::vector<Device> default_devices();

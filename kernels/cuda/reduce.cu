@@ -23,6 +23,7 @@ namespace {
 constexpr int64_t kSplitCols = 16384;
 constexpr int64_t kFewRows = 128;
 constexpr int64_t kSegmentsPerLaunch = 512;  // total segments aimed at when splitting
+constexpr int64_t kShortRow = 64;             // rows this short get a thread each
 
 // The partial result type: the accumulator for sums, the element itself for max.
 template <ReduceOp OP, typename T>
@@ -65,12 +66,33 @@ __global__ void reduce_segments(const In* x, int64_t cols, int64_t chunk, int64_
   }
 }
 
+// Short rows (global average pooling: 16 or 49 values per row, 100k+ rows): one thread per
+// row, in column order. A block per row would leave most of its threads idle.
+template <ReduceOp OP, typename T, typename P>
+__global__ void reduce_short_rows(const T* x, int64_t rows, int64_t cols, int64_t mean_count, T* out) {
+  using Op = RowOp<OP, P>;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T* xr = x + r * cols;
+    P v = Op::identity();
+    for (int64_t j = 0; j < cols; ++j) v = Op::combine(v, static_cast<P>(xr[j]));
+    out[r] = mean_count > 0 ? static_cast<T>(static_cast<double>(v) / static_cast<double>(mean_count))
+                            : static_cast<T>(v);
+  }
+}
+
 template <ReduceOp OP, typename T>
 void reduce_typed(const Tensor& x, const Tensor& out) {
   using P = part_t<OP, T>;
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t mean_count = OP == ReduceOp::Mean ? cols : 0;
   cudaStream_t stream = current_cuda_stream(x.device());
+  if (cols <= kShortRow && rows >= kFewRows) {
+    reduce_short_rows<OP, T, P><<<grid_for(rows), kBlock, 0, stream>>>(cptr<T>(x), rows, cols, mean_count,
+                                                                       ptr<T>(out));
+    TANDEM_CUDA_CHECK_LAUNCH();
+    return;
+  }
   int64_t segs = 1;
   if (rows < kFewRows && cols >= kSplitCols) {
     segs = std::min(ceil_div(cols, kSplitCols / 2), std::max<int64_t>(1, kSegmentsPerLaunch / rows));

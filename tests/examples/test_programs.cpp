@@ -79,9 +79,10 @@ TEST_CASE("lenet trains on tiny data and writes its CSV", "[examples]") {
   }
   SECTION("two virtual CPU devices, both parallel paths") {
     for (const char* path : {"scratch", "dp"}) {
-      Result r = run_lenet(dir, common + " --devices cpu:0,cpu:1 --parallel " + path);
+      Result r = run_lenet(dir, common + " --devices cpu:0,cpu:1 --lr-schedule cosine --parallel " + path);
       INFO(r.output);
       CHECK(r.code == 0);
+      CHECK(r.output.find("(cosine)") != std::string::npos);
     }
   }
 }
@@ -108,7 +109,8 @@ TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "
 
   // Bad flags: exit code 2, the message names the flag.
   for (const char* bad : {"--epochs x", "--batch-size 0", "--activation tanh", "--devices cpu:0,cpu:0",
-                          "--device tpu", "--no-such-flag 1", "--optimizer rmsprop"}) {
+                          "--device tpu", "--no-such-flag 1", "--optimizer rmsprop",
+                          "--lr-schedule step"}) {
     Result r = run_lenet(dir, data + " " + bad);
     INFO(bad << " -> " << r.output);
     CHECK(r.code == 2);

@@ -172,6 +172,11 @@ TEST_CASE("cuda reductions and argmax", "[cuda]") {
       check(kernels::reduce(op, gpu(y), {1}), kernels::reduce(op, y, {1}));
       Tensor z = uniform({3, 5, 7, 11}, -1.0, 1.0, dt);
       check(kernels::reduce(op, gpu(z), {0, 2}), kernels::reduce(op, z, {0, 2}));
+      // Many short rows (global average pooling) take the thread-per-row path.
+      Tensor p = uniform({40, 9, 4, 4}, -1.0, 1.0, dt);
+      check(kernels::reduce(op, gpu(p), {2, 3}), kernels::reduce(op, p, {2, 3}));
+      Tensor q = uniform({300, 49}, -1.0, 1.0, dt);
+      check(kernels::reduce(op, gpu(q), {1}), kernels::reduce(op, q, {1}));
     }
     check_equal(kernels::argmax(xg, 1), kernels::argmax(x, 1));
     check_equal(kernels::argmax(xg, 0), kernels::argmax(x, 0));
