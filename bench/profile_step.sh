@@ -25,7 +25,10 @@ R="$OUT/step.jsonl"
 : > "$R"
 BMS="0"; [ "$ALL" = 1 ] && BMS="0 1"
 $B/bench_step --model resnet18 --host-ops > "$OUT/host_ops.jsonl" 2>> "$OUT/step.err"
+TANDEM_CUDNN_LEGACY=1 $B/bench_step --model resnet18 --host-ops --steps 1 --reps 1 2>> "$OUT/step.err" |
+  sed 's/"op": "conv/"op": "legacy conv/' | grep legacy >> "$OUT/host_ops.jsonl"
 for m in resnet18 lenet; do
+  TANDEM_CUDNN_LEGACY=1 $B/bench_step --model $m | sed 's/"tandem"/"tandem-legacy-cudnn"/' >> "$R" 2>> "$OUT/step.err"
   for bm in $BMS; do
     TANDEM_CUDNN_BENCHMARK=$bm $B/bench_step --model $m >> "$R" 2>> "$OUT/step.err"
   done
@@ -48,9 +51,9 @@ for l in open(sys.argv[2]):
     r = json.loads(l)
     if r.get("kind") == "host_op":
         print(f"{r['op']:40s} {r['host_us']:8.1f} {r['total_us']:9.1f}")
-print(f"{'framework':9s} {'model':8s} {'tf32':>4s} {'bench':>5s} {'host_ms':>8s} {'wall_ms':>8s} {'fwd_ms':>7s} {'fwd+bwd':>8s} {'img/s':>9s}")
+print(f"{'framework':20s} {'model':8s} {'tf32':>4s} {'bench':>5s} {'host_ms':>8s} {'wall_ms':>8s} {'fwd_ms':>7s} {'fwd+bwd':>8s} {'img/s':>9s}")
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    print(f"{r['framework']:9s} {r['model']:8s} {r.get('tf32', 1):4d} {r['cudnn_benchmark']:5d} {r['host_ms']:8.3f} "
+    print(f"{r['framework']:20s} {r['model']:8s} {r.get('tf32', 1):4d} {r['cudnn_benchmark']:5d} {r['host_ms']:8.3f} "
           f"{r['wall_ms']:8.3f} {r['fwd_ms']:7.3f} {r['fwd_bwd_ms']:8.3f} {r['images_per_s']:9.0f}")
 EOF

@@ -162,6 +162,13 @@ class Backend {
 // cudnn_benchmark (default false, as torch.backends.cudnn.benchmark): time cuDNN's candidate
 //   algorithms once per shape (cudnnFind*, which synchronizes once per shape) instead of
 //   trusting its heuristics. Environment: TANDEM_CUDNN_BENCHMARK=1 turns it on.
+// cudnn_graph_api (default true): convolutions run through cuDNN's graph API with execution
+//   plans cached per configuration, far cheaper per call on the host than cuDNN's legacy entry
+//   points (Note [cuDNN graph vs legacy calls] in kernels/cuda/cudnn_graph.h). Off, or when no
+//   graph engine takes a configuration, or in benchmark mode: the legacy calls.
+//   Environment: TANDEM_CUDNN_LEGACY=1 turns it off.
+void set_cudnn_graph_api(bool on);
+bool cudnn_graph_api();
 void set_allow_tf32(bool on);
 bool allow_tf32();
 void set_cudnn_benchmark(bool on);

@@ -21,8 +21,14 @@ std::atomic<bool>& benchmark_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK", false)};
   return flag;
 }
+std::atomic<bool>& graph_flag() {
+  static std::atomic<bool> flag{!env_flag("TANDEM_CUDNN_LEGACY", false)};
+  return flag;
+}
 }  // namespace
 
+void set_cudnn_graph_api(bool on) { graph_flag() = on; }
+bool cudnn_graph_api() { return graph_flag(); }
 void set_allow_tf32(bool on) { tf32_flag() = on; }
 bool allow_tf32() { return tf32_flag(); }
 void set_cudnn_benchmark(bool on) { benchmark_flag() = on; }

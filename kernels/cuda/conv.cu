@@ -11,7 +11,10 @@
 // synchronize, so warm up before capturing a CUDA graph. Among the candidates, in cuDNN's
 // order of preference, the first deterministic one that is supported and whose workspace fits
 // wins; a nondeterministic one only when none is (Note [deterministic reductions]).
-// Workspaces come from allocate() on the current stream for each call.
+// Workspaces come from allocate() on the current stream for each call. Unless benchmark mode is
+// on, a plan first tries cuDNN's graph API (cudnn_graph.h), whose cached execution plans cost
+// far less host time per call than the legacy entry points; the legacy algorithm choice above
+// is the fallback when no graph engine takes the configuration.
 //
 // Note [TF32]: on Ampere and newer GPUs cuDNN's CUDNN_DEFAULT_MATH *permits* TF32 tensor
 // cores for float32 convolutions (10-bit mantissa inputs), which puts the results about
@@ -24,12 +27,14 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "core/allocator.h"
 #include "core/device.h"
 #include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/cudnn_util.h"
 #include "kernels/cuda/handles.h"
 
@@ -41,14 +46,13 @@ namespace {
 constexpr size_t kMaxWorkspace = size_t{1} << 30;   // largest workspace a plan may use
 constexpr size_t kFindWorkspace = size_t{256} << 20;  // offered to cudnnFind*Ex
 
-enum class ConvPass : int64_t { Forward, BackwardData, BackwardFilter };
-
 struct ConvPlan {
   TensorDesc x, y;  // x [N, C, H, W], y [N, K, P, Q]
   FilterDesc w;     // [K, C, R, S]
   ConvDesc conv;
   int algo = 0;
   size_t workspace = 0;
+  std::unique_ptr<ConvGraph> graph;  // when set, run through it (Note [cuDNN graph vs legacy calls])
 };
 
 // Pointers for cudnnFind*Ex: it runs the candidates on the real buffers.
@@ -112,6 +116,8 @@ struct BwdFilterPass {
 
 bool benchmark_mode() { return cudnn_benchmark(); }
 
+bool graph_api() { return cudnn_graph_api(); }
+
 // Whether a float32 plan may use TF32 tensor cores (Note [TF32]).
 bool tf32_for(DType dtype) { return dtype == kFloat32 && allow_tf32(); }
 
@@ -155,11 +161,13 @@ template <typename Pass>
 const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const Shape& ws,
                          const Shape& ys, const Conv2dParams& p, DType dtype, Device device,
                          const ConvBuffers& bufs) {
-  using Key = std::array<int64_t, 16>;
+  using Key = std::array<int64_t, 18>;
   thread_local std::map<Key, std::unique_ptr<ConvPlan>> plans;
+  const int64_t alignment = common_alignment({bufs.x, bufs.w, bufs.y, bufs.out});
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
                 xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0};
+                tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0, alignment,
+                graph_api() ? 1 : 0};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
@@ -180,7 +188,14 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
   TANDEM_CHECK(n == ys[0] && k == ys[1] && oh == ys[2] && ow == ys[3], Shape, "conv2d: x ",
                shape_str(xs), ", w ", shape_str(ws), " give an output [", n, ",", k, ",", oh, ",",
                ow, "], not ", shape_str(ys));
-  choose_algorithm<Pass>(h, *plan, dtype, device, bufs);
+  if (!benchmark_mode() && graph_api()) {
+    plan->graph = ConvGraph::build(h, pass, dtype, xs, ws, ys, p, alignment, tf32_for(dtype), kMaxWorkspace);
+  }
+  if (plan->graph) {
+    plan->workspace = plan->graph->workspace();
+  } else {
+    choose_algorithm<Pass>(h, *plan, dtype, device, bufs);
+  }
   return *(plans[key] = std::move(plan));
 }
 
@@ -206,10 +221,14 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
         {x.raw_data(), w.raw_data(), nullptr, y.raw_data()});
     DataPtr ws = allocate(x.device(), plan.workspace);
     const T one = 1, zero = 0;
-    TANDEM_CUDNN_CHECK(cudnnConvolutionForward(
-        h, &one, plan.x.d, x.raw_data(), plan.w.d, w.raw_data(), plan.conv.d,
-        static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-        plan.y.d, y.raw_data()));
+    if (plan.graph) {
+      plan.graph->run(h, x.raw_data(), w.raw_data(), y.raw_data(), ws.get());
+    } else {
+      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(
+          h, &one, plan.x.d, x.raw_data(), plan.w.d, w.raw_data(), plan.conv.d,
+          static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+          plan.y.d, y.raw_data()));
+    }
     if (bias.defined()) {
       gpu::channel_map(gpu::AddBias<T>{gpu::cptr<T>(bias)}, gpu::ptr<T>(y), y.numel(), y.size(1),
                        y.size(2) * y.size(3), current_cuda_stream(x.device()), gpu::cptr<T>(y));
@@ -233,10 +252,14 @@ void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const
         dx.device(), {nullptr, w.raw_data(), dy.raw_data(), dx.raw_data()});
     DataPtr ws = allocate(dx.device(), plan.workspace);
     const T one = 1, zero = 0;
-    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        h, &one, plan.w.d, w.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
-        static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-        plan.x.d, dx.raw_data()));
+    if (plan.graph) {
+      plan.graph->run(h, dx.raw_data(), w.raw_data(), dy.raw_data(), ws.get());
+    } else {
+      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
+          h, &one, plan.w.d, w.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+          plan.x.d, dx.raw_data()));
+    }
   });
 }
 
@@ -256,10 +279,14 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
         dw.device(), {x.raw_data(), nullptr, dy.raw_data(), dw.raw_data()});
     DataPtr ws = allocate(dw.device(), plan.workspace);
     const T one = 1, zero = 0;
-    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        h, &one, plan.x.d, x.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
-        static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-        plan.w.d, dw.raw_data()));
+    if (plan.graph) {
+      plan.graph->run(h, x.raw_data(), dw.raw_data(), dy.raw_data(), ws.get());
+    } else {
+      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          h, &one, plan.x.d, x.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
+          plan.w.d, dw.raw_data()));
+    }
     if (db.defined()) {
       // db = per-channel sum of dy (Note [split channel reductions]).
       const gpu::ChannelSplit g = gpu::channel_split(dy.size(0), dy.size(1), dy.size(2) * dy.size(3));

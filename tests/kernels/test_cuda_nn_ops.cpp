@@ -33,6 +33,14 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
       {{4, 2, 10, 7}, {3, 2, 2, 3}, {2, 1, 1, 2}},
       {{5, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},  // LeNet's first layer
   };
+  // Both ways of calling cuDNN: cached graph-API plans (the default) and the legacy calls.
+  const bool graph = GENERATE(true, false);
+  struct Restore {
+    bool prev = cudnn_graph_api();
+    ~Restore() { set_cudnn_graph_api(prev); }
+  } restore;
+  set_cudnn_graph_api(graph);
+  INFO("graph api " << graph);
   for (DType dt : kFloatTypes) {
     for (const ConvCase& cc : cases) {
       INFO(dtype_name(dt) << " x " << shape_str(cc.x) << " w " << shape_str(cc.w) << " stride "

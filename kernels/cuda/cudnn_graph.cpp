@@ -1,0 +1,218 @@
+#include "kernels/cuda/cudnn_graph.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/cuda_check.h"
+
+namespace tandem::gpu {
+
+namespace {
+
+// Unique ids of the three tensors of a pass, whatever their roles.
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+
+BackendDesc make_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, int64_t alignment) {
+  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const std::array<int64_t, 4> dims{s[0], s[1], s[2], s[3]};
+  const std::array<int64_t, 4> strides{s[1] * s[2] * s[3], s[2] * s[3], s[3], 1};
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
+  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dims");
+  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides");
+  t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor id");
+  t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
+  TANDEM_CUDNN_CHECK(t.finalize());
+  return t;
+}
+
+// The attribute names of the three tensors and the descriptor of each pass's operation.
+struct PassAttrs {
+  cudnnBackendDescriptorType_t op;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+PassAttrs attrs_of(ConvPass pass) {
+  switch (pass) {
+    case ConvPass::Forward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case ConvPass::BackwardData:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+    case ConvPass::BackwardFilter:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+  }
+  TANDEM_THROW(Value, "conv2d: unknown pass");
+}
+
+bool has_note(const std::vector<cudnnBackendNumericalNote_t>& notes, cudnnBackendNumericalNote_t n) {
+  return std::find(notes.begin(), notes.end(), n) != notes.end();
+}
+
+std::vector<cudnnBackendNumericalNote_t> numerical_notes(const BackendDesc& cfg) {
+  BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
+                               &e) != CUDNN_STATUS_SUCCESS) {
+    return {};
+  }
+  std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               static_cast<int64_t>(notes.size()), &got, notes.data()) != CUDNN_STATUS_SUCCESS) {
+    return {};
+  }
+  notes.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  return notes;
+}
+
+// Engine configurations cuDNN's heuristics propose for the graph, best first.
+std::vector<std::unique_ptr<BackendDesc>> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
+  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+  if (heur.finalize() != CUDNN_STATUS_SUCCESS) return {};
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS || count <= 0) {
+    return {};
+  }
+  std::vector<std::unique_ptr<BackendDesc>> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    cfgs.push_back(std::make_unique<BackendDesc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(cfgs.back()->get());
+  }
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                               raw.data()) != CUDNN_STATUS_SUCCESS) {
+    return {};
+  }
+  cfgs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, count)));
+  return cfgs;
+}
+
+}  // namespace
+
+BackendDesc::BackendDesc(cudnnBackendDescriptorType_t type) {
+  TANDEM_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+}
+
+BackendDesc::~BackendDesc() {
+  if (d_ != nullptr) cudnnBackendDestroyDescriptor(d_);
+}
+
+void BackendDesc::set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+                      const void* values, const char* what) {
+  cudnnStatus_t st = cudnnBackendSetAttribute(d_, name, type, count, values);
+  if (st != CUDNN_STATUS_SUCCESS) TANDEM_THROW(Cudnn, "cuDNN graph: setting ", what, " failed: ", cudnnGetErrorString(st));
+}
+
+void BackendDesc::set_desc(cudnnBackendAttributeName_t name, const BackendDesc& d, const char* what) {
+  cudnnBackendDescriptor_t raw = d.get();
+  set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw, what);
+}
+
+int64_t common_alignment(std::initializer_list<const void*> ptrs) {
+  int64_t a = 16;
+  for (const void* p : ptrs) {
+    const auto v = reinterpret_cast<uintptr_t>(p);
+    while (a > 1 && v % static_cast<uintptr_t>(a) != 0) a /= 2;
+  }
+  return a;
+}
+
+std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
+                                            const Shape& ws, const Shape& ys, const Conv2dParams& p,
+                                            int64_t alignment, bool allow_tf32, size_t max_workspace) {
+  const cudnnDataType_t dt = dtype == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  BackendDesc x = make_tensor(kUidX, dt, xs, alignment);
+  BackendDesc w = make_tensor(kUidW, dt, ws, alignment);
+  BackendDesc y = make_tensor(kUidY, dt, ys, alignment);
+
+  BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const int64_t spatial = 2;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const std::array<int64_t, 2> dilation{1, 1}, stride{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
+  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "spatial dims");
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "compute type");
+  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
+  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data(), "dilations");
+  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data(), "strides");
+  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+  TANDEM_CUDNN_CHECK(conv.finalize());
+
+  const PassAttrs a = attrs_of(pass);
+  BackendDesc op(a.op);
+  op.set_desc(a.x, x, "x");
+  op.set_desc(a.w, w, "w");
+  op.set_desc(a.y, y, "y");
+  op.set_desc(a.conv, conv, "convolution");
+  const double one64 = 1, zero64 = 0;
+  const float one32 = 1, zero32 = 0;
+  const bool f64 = dtype == kFloat64;
+  op.set(a.alpha, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&one64) : &one32,
+         "alpha");
+  op.set(a.beta, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&zero64) : &zero32,
+         "beta");
+  if (op.finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
+
+  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendDescriptor_t ops = op.get();
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops, "graph ops");
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
+  if (graph.finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
+
+  for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    std::vector<std::unique_ptr<BackendDesc>> cfgs = engine_configs(graph, mode_h);
+    for (int round = 0; round < 2; ++round) {  // deterministic engines first
+      for (const auto& cfg : cfgs) {
+        const auto notes = numerical_notes(*cfg);
+        if (round == 0 && has_note(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) continue;
+        if (dtype == kFloat32 && !allow_tf32 &&
+            (has_note(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ||
+             has_note(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))) {
+          continue;
+        }
+        auto plan = std::make_unique<BackendDesc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "plan handle");
+        plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfg, "plan engine");
+        if (plan->finalize() != CUDNN_STATUS_SUCCESS) continue;
+        int64_t bytes = 0, got = 0;
+        if (cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                     &got, &bytes) != CUDNN_STATUS_SUCCESS ||
+            bytes < 0 || static_cast<size_t>(bytes) > max_workspace) {
+          continue;
+        }
+        std::unique_ptr<ConvGraph> g(new ConvGraph());
+        g->plan_ = std::move(plan);
+        g->workspace_ = static_cast<size_t>(bytes);
+        return g;
+      }
+    }
+  }
+  return nullptr;
+}
+
+void ConvGraph::run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace) const {
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
+  std::array<void*, 3> ptrs{x, w, y};
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data(), "variant ids");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data(), "variant pointers");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
+  TANDEM_CUDNN_CHECK(pack.finalize());
+  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan_->get(), pack.get()));
+}
+
+}  // namespace tandem::gpu

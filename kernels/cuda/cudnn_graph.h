@@ -1,0 +1,74 @@
+#pragma once
+// One convolution pass as a cuDNN graph (cuDNN's backend API), built once per configuration
+// and then run with one small "variant pack" of pointers per call.
+//
+// Note [cuDNN graph vs legacy calls]: cuDNN 9 implements its legacy entry points
+// (cudnnConvolutionForward and friends) on top of this same graph machinery, and pays for it on
+// every call: measured on an H200, 85-115 us of host time per legacy call against ~10 us for
+// a launch of tandem's own kernels. A ResNet-18 step makes 60 such calls, LeNet 6, so the
+// legacy path put the launching thread, not the GPU, on the critical path of small steps.
+// Building the operation graph and its execution plan once and executing the cached plan
+// skips that per-call work (PyTorch's cuDNN v8 path does the same).
+//
+// The engine is cuDNN's heuristics' (mode A) first choice that finalizes, preferring a
+// deterministic one (Note [deterministic reductions]) and, when TF32 is not allowed for float32,
+// skipping engines whose numerical notes say tensor cores or down-converted inputs
+// (Note [TF32] in conv.cu). The pointers' alignment is part of the configuration: a plan built
+// for 16-byte aligned buffers may use vector loads that smaller alignment would break.
+#include <cudnn.h>
+
+#include <array>
+#include <memory>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+
+namespace tandem::gpu {
+
+enum class ConvPass : int64_t { Forward, BackwardData, BackwardFilter };
+
+// Owns one backend descriptor.
+class BackendDesc {
+ public:
+  explicit BackendDesc(cudnnBackendDescriptorType_t type);
+  ~BackendDesc();
+  BackendDesc(const BackendDesc&) = delete;
+  BackendDesc& operator=(const BackendDesc&) = delete;
+  BackendDesc(BackendDesc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  BackendDesc& operator=(BackendDesc&&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+  // Throws (naming `what`) when cuDNN refuses the attribute.
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const void* values, const char* what);
+  void set_desc(cudnnBackendAttributeName_t name, const BackendDesc& d, const char* what);
+  cudnnStatus_t finalize() { return cudnnBackendFinalize(d_); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+class ConvGraph {
+ public:
+  // x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (packed NCHW); `alignment` is the byte
+  // alignment every pointer passed to run() will have. Returns nullptr when no engine of
+  // cuDNN's graph API takes the configuration (the caller then uses the legacy calls).
+  static std::unique_ptr<ConvGraph> build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
+                                          const Shape& ws, const Shape& ys, const Conv2dParams& p,
+                                          int64_t alignment, bool allow_tf32, size_t max_workspace);
+
+  size_t workspace() const { return workspace_; }
+  // Runs the pass on h's stream: forward y = conv(x, w); backward data x = dgrad(y, w);
+  // backward filter w = wgrad(x, y). The output is overwritten.
+  void run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace) const;
+
+ private:
+  ConvGraph() = default;
+  std::unique_ptr<BackendDesc> plan_;
+  size_t workspace_ = 0;
+};
+
+// The largest power of two (at most 16) that divides every address: the alignment a plan
+// for these buffers may assume.
+int64_t common_alignment(std::initializer_list<const void*> ptrs);
+
+}  // namespace tandem::gpu
