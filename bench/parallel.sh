@@ -20,11 +20,16 @@ if [ "$NGPU" -ge 2 ]; then
   done
   $B/bench_train --model resnet18 --data "$DATA" --devices "$DEVS" --parallel scratch --comm ring --batch-size $((256 * NGPU)) \
       --epochs 3 --train-limit "$LIMIT" >> "$RESULTS" 2>> "$OUT/bench_parallel.err"
+  # The same global batch as one GPU (256): half the work per GPU, so host costs weigh more.
+  $B/bench_train --model resnet18 --data "$DATA" --devices "$DEVS" --parallel scratch --comm nccl --batch-size 256 \
+      --epochs 3 --train-limit "$LIMIT" >> "$RESULTS" 2>> "$OUT/bench_parallel.err"
   echo "== $NGPU GPUs: pytorch"
   python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths 1gpu,ddp --batch-size 256 --epochs 2 \
     --train-limit "$LIMIT" >> "$RESULTS" 2>> "$OUT/torch_parallel.err"
   python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths ddp --batch-size $((256 * NGPU)) --epochs 2 \
     --train-limit "$LIMIT" --allreduce >> "$RESULTS" 2>> "$OUT/torch_parallel.err"
+  python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths 1gpu,ddp --batch-size $((256 * NGPU)) --epochs 2 \
+    --train-limit "$LIMIT" --cudnn-benchmark >> "$RESULTS" 2>> "$OUT/torch_parallel.err"
   python3 bench/torch_parallel.py --data "$DATA" --models lenet --paths dp,ddp --batch-size 256 --epochs 2 \
     --train-limit "$LIMIT" >> "$RESULTS" 2>> "$OUT/torch_parallel.err"
 fi

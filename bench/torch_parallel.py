@@ -60,6 +60,10 @@ def lr_of(model):
     return 0.9 if model == "lenet" else 0.05
 
 
+def bench_tag(args):
+    return "+bench" if args.cudnn_benchmark else ""
+
+
 def epoch_times(run_epoch, epochs, device):
     run_epoch()
     torch.cuda.synchronize(device)
@@ -97,12 +101,13 @@ def single_or_dp(args, model, path, x, y):
     t = epoch_times(run_epoch, args.epochs, dev)
     ndev = torch.cuda.device_count() if path == "dp" else 1
     med = statistics.median(t)
-    emit(framework="pytorch", model=model, path="eager" if path == "1gpu" else "DataParallel",
+    emit(framework="pytorch", model=model, path=("eager" if path == "1gpu" else "DataParallel") + bench_tag(args),
          devices=ndev, batch_size=bs, median_s=med, images_per_s=(n // bs) * bs / med, epochs_s=t)
 
 
 def ddp_worker(rank, world, args, model, port, q):
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark  # a spawned process starts with the default
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     dev = torch.device(f"cuda:{rank}")
     torch.cuda.set_device(dev)
@@ -156,7 +161,7 @@ def ddp_worker(rank, world, args, model, port, q):
         t = epoch_times(run_epoch, args.epochs, dev)
         if rank == 0:
             med = statistics.median(t)
-            q.put([dict(framework="pytorch", model=model, path="DDP", devices=world, batch_size=bs,
+            q.put([dict(framework="pytorch", model=model, path="DDP" + bench_tag(args), devices=world, batch_size=bs,
                         median_s=med, images_per_s=(n // bs) * bs / med, epochs_s=t)])
     finally:
         dist.destroy_process_group()
@@ -185,7 +190,9 @@ def main():
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--train-limit", type=int, default=-1)
     ap.add_argument("--allreduce", action="store_true")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     args = ap.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     x, y = load(args.data)
     if args.train_limit > 0:
         x, y = x[:args.train_limit], y[:args.train_limit]
