@@ -78,6 +78,25 @@ struct ReplicasBackward : autograd::Node {
   }
 };
 
+// One flat tensor for `ts` when they share a dtype and device, else undefined.
+Tensor coalesce_if_uniform(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts) {
+    if (t.dtype() != ts[0].dtype() || t.device() != ts[0].device()) return Tensor();
+  }
+  return coalesce(ts);
+}
+
+// dst[k] = src[k] for every k: one copy when both lists are still their flat tensors, else one
+// per tensor. Runs on the current device's stream.
+void copy_state(const std::vector<Tensor>& src, const Tensor& src_flat, const std::vector<Tensor>& dst,
+                const Tensor& dst_flat) {
+  if (is_coalesced(src, src_flat) && is_coalesced(dst, dst_flat)) {
+    dst_flat.copy_(src_flat);
+    return;
+  }
+  for (size_t k = 0; k < dst.size(); ++k) dst[k].copy_(src[k]);
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
@@ -90,7 +109,16 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   enable_peer_access(devices_);
   state_ = std::make_shared<State>(devices_);
   state_->replicas = replicate(module_, devices_);
-  state_->replicas[0] = shallow_replica(*module_);
+  State& s = *state_;
+  s.params_flat = coalesce_if_uniform(module_->parameters());
+  s.buffers_flat = coalesce_if_uniform(module_->buffers());
+  s.replica_params_flat.resize(devices_.size());
+  s.replica_buffers_flat.resize(devices_.size());
+  for (size_t r = 1; r < devices_.size(); ++r) {
+    s.replica_params_flat[r] = coalesce_if_uniform(s.replicas[r]->parameters());
+    s.replica_buffers_flat[r] = coalesce_if_uniform(s.replicas[r]->buffers());
+  }
+  s.replicas[0] = shallow_replica(*module_);  // after coalescing: it shares the flat storage
 }
 
 void DataParallel::sync_replicas() {
@@ -114,8 +142,8 @@ void DataParallel::sync_replicas() {
     }
     if (r == 0) continue;  // shares the module's storage
     DeviceGuard device(devices_[r]);
-    for (size_t k = 0; k < ps.size(); ++k) ps[k].copy_(params[k]);
-    for (size_t k = 0; k < bs.size(); ++k) bs[k].copy_(buffers[k]);
+    copy_state(params, state_->params_flat, ps, state_->replica_params_flat[r]);
+    copy_state(buffers, state_->buffers_flat, bs, state_->replica_buffers_flat[r]);
   }
 }
 

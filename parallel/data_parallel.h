@@ -12,7 +12,9 @@
 // forward(x): copies the main module's parameters and buffers into the other replicas
 // (device-to-device copies into their existing storage: no cloning, no allocation, no host
 // sync; one model-sized broadcast per step, which is why ScratchTrainer avoids it, see Note
-// [why replicas are not re-copied]), scatters x along dim 0 (uneven shards allowed), runs
+// [why replicas are not re-copied]). Wrapping a module moves its parameters, and separately its
+// buffers, into one flat tensor each (values and tensor identities kept), so that broadcast is
+// one copy per replica (Note [coalesced replica state]). Then it scatters x along dim 0 (uneven shards allowed), runs
 // every replica's forward at once on the device workers, and gathers the outputs onto the
 // output device. The result is differentiable: backward runs every replica's backward at
 // once, again one worker per device (Note [DataParallel backward] in data_parallel.cpp), and
@@ -90,6 +92,12 @@ class DataParallel {
     explicit State(const std::vector<Device>& devices) : workers(devices) {}
     DeviceWorkers workers;
     Replicas replicas;  // [shallow_replica(module) on devices[0], clones on the others]
+    // Note [coalesced replica state]: the module's parameters, and separately its buffers, live
+    // in one flat tensor each (coalesce() in replicate.h), and so do every other replica's: the
+    // copy before each forward is one device-to-device copy per replica instead of one per
+    // tensor. Undefined where a list is empty or mixes dtypes (then: per-tensor copies).
+    Tensor params_flat, buffers_flat;
+    std::vector<Tensor> replica_params_flat, replica_buffers_flat;  // per replica; [0] unused
   };
 
  private:

@@ -33,6 +33,45 @@ void share_storage(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
+Tensor coalesce(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return Tensor();
+  const Tensor& first = tensors[0];
+  int64_t total = 0;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    TANDEM_CHECK(t.defined(), Value, "coalesce: tensor ", k, " is undefined");
+    TANDEM_CHECK(t.device() == first.device(), Device, "coalesce: tensor ", k, " is on ", t.device().str(),
+                 " but tensor 0 is on ", first.device().str());
+    TANDEM_CHECK(t.dtype() == first.dtype(), DType, "coalesce: tensor ", k, " is ", dtype_name(t.dtype()),
+                 " but tensor 0 is ", dtype_name(first.dtype()));
+    for (size_t j = 0; j < k; ++j) {
+      TANDEM_CHECK(!tensors[j].same(t), Value, "coalesce: tensor ", k, " repeats tensor ", j);
+    }
+    total += t.numel();
+  }
+  NoGradGuard no_grad;
+  DeviceGuard device(first.device());
+  Tensor flat = empty({total}, first.dtype(), first.device());
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    Tensor slice = flat.slice(0, offset, offset + t.numel()).view(t.shape());
+    slice.copy_(t);
+    share_storage(slice, t);
+    offset += t.numel();
+  }
+  return flat;
+}
+
+bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat) {
+  if (!flat.defined()) return false;
+  int64_t offset = flat.offset();
+  for (const Tensor& t : tensors) {
+    if (t.storage() != flat.storage() || t.offset() != offset || !t.is_contiguous()) return false;
+    offset += t.numel();
+  }
+  return offset == flat.offset() + flat.numel();
+}
+
 std::vector<Tensor> trainable_parameters(const nn::Module& module) {
   std::vector<Tensor> out;
   for (const Tensor& p : module.parameters()) {

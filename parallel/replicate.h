@@ -45,6 +45,16 @@ double replicas_max_difference(const Replicas& replicas, bool buffers = true);
 // replicas_max_difference(replicas, buffers) <= tol (tol 0: bit-identical values).
 bool replicas_in_sync(const Replicas& replicas, double tol = 0.0, bool buffers = true);
 
+// Moves `tensors` (one device, one dtype; ValueError/DeviceError/DTypeError naming the tensor
+// otherwise) into one contiguous buffer, in order, and returns it: each tensor keeps its
+// TensorImpl (autograd state, .grad, hooks, optimizer references) and its values, but its storage
+// becomes its slice of the buffer. A model's parameters so coalesced are copied between devices
+// with one copy instead of one per tensor. Returns an undefined tensor for an empty list.
+Tensor coalesce(const std::vector<Tensor>& tensors);
+// Whether `tensors` are still, in order, the consecutive contiguous slices filling `flat`
+// (false once something replaced a tensor's storage, e.g. Module::to). Pointer checks only.
+bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat);
+
 // A copy of `module` whose parameters and buffers share the storage of module's: the same
 // numbers, written by the same updates, but separate autograd leaves with their own .grad.
 // DataParallel runs its device-0 replica through one of these, so gradients of that replica

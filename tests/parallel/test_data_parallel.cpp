@@ -146,6 +146,72 @@ TEST_CASE("DataParallel without grad records nothing; replicas follow the module
   CHECK(replicas_in_sync(dp.replicas()));
 }
 
+TEST_CASE("DataParallel coalesces the module's state and still follows a module moved away and back",
+          "[parallel]") {
+  Generator gen(17);
+  auto net = small_mlp(gen);
+  auto ref = net->clone();
+  const std::vector<Tensor> params = net->parameters();
+  const std::vector<Tensor> before = [&] {
+    std::vector<Tensor> v;
+    for (const Tensor& p : params) v.push_back(p.clone());
+    return v;
+  }();
+  DataParallel dp(net, cpu_devices(2));
+  // Same tensors (an optimizer built before wrapping keeps working), same values, one storage.
+  const std::vector<Tensor> after = net->parameters();
+  REQUIRE(after.size() == params.size());
+  for (size_t k = 0; k < params.size(); ++k) {
+    CHECK(after[k].same(params[k]));
+    CHECK(rel_error(after[k], before[k]) == 0.0);
+    CHECK(after[k].storage() == after[0].storage());
+  }
+  for (const auto& replica : dp.replicas()) {
+    const std::vector<Tensor> ps = replica->parameters();
+    for (const Tensor& p : ps) CHECK(p.storage() == ps[0].storage());
+  }
+  nn::optim::SGD opt(dp.parameters(), 0.1);
+  auto batches = random_batches(3, 6, {8}, gen);
+  auto step = [&](const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    cross_entropy(dp(x), y).backward();
+    opt.step();
+  };
+  step(batches[0].first, batches[0].second);
+  // Moving the module away and back gives each parameter its own storage again: the replicas
+  // are then updated tensor by tensor, with the same result.
+  net->to(Device::cpu(1));
+  net->to(Device::cpu(0));
+  CHECK(net->parameters()[1].storage() != net->parameters()[0].storage());
+  step(batches[1].first, batches[1].second);
+  step(batches[2].first, batches[2].second);
+  train_reference(*ref, batches, 0.1, 0.0);
+  CHECK(max_param_error(*net, *ref) <= 1e-5);
+  {
+    NoGradGuard no_grad;  // the next forward brings the replicas up to date
+    dp(batches[0].first);
+  }
+  CHECK(replicas_in_sync(dp.replicas()));
+}
+
+TEST_CASE("coalesce keeps values and identities; is_coalesced notices a moved tensor", "[parallel]") {
+  Tensor a = uniform({3, 4}, -1.0, 1.0), b = uniform({5}, -1.0, 1.0), c = uniform({2, 2, 2}, -1.0, 1.0);
+  const Tensor a0 = a.clone(), b0 = b.clone(), c0 = c.clone();
+  Tensor flat = coalesce({a, b, c});
+  CHECK(flat.numel() == 12 + 5 + 8);
+  CHECK(rel_error(a, a0) == 0.0);
+  CHECK(rel_error(b, b0) == 0.0);
+  CHECK(rel_error(c, c0) == 0.0);
+  CHECK(is_coalesced({a, b, c}, flat));
+  CHECK_FALSE(is_coalesced({b, a, c}, flat));
+  CHECK_FALSE(is_coalesced({a, b}, flat));
+  flat.fill_(2.0);  // the tensors are views of it
+  CHECK(sum(b).item() == 10.0);
+  CHECK_FALSE(coalesce({}).defined());
+  CHECK(contains(error_message<DTypeError>([&] { coalesce({a, zeros({2}, kFloat64)}); }), "tensor 1"));
+  CHECK(contains(error_message<ValueError>([&] { coalesce({a, a}); }), "repeats"));
+}
+
 TEST_CASE("DataParallel errors name the values", "[parallel]") {
   Generator gen(16);
   auto [x, y] = random_batch(2, {8}, 4, gen);
