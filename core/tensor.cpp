@@ -53,6 +53,24 @@ Tensor make_view(const Tensor& t, Shape shape, Strides strides, int64_t offset) 
   return Tensor(std::move(impl));
 }
 
+}  // namespace
+
+Tensor contiguous_span(const std::vector<Tensor>& tensors) {
+  if (tensors.empty() || !tensors[0].defined()) return Tensor();
+  const Tensor& first = tensors[0];
+  int64_t end = first.offset();
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.storage() != first.storage() || t.dtype() != first.dtype() || t.offset() != end ||
+        !t.is_contiguous()) {
+      return Tensor();
+    }
+    end += t.numel();
+  }
+  return make_view(first, {end - first.offset()}, {1}, first.offset());
+}
+
+namespace {
+
 // Resolves one -1 entry and checks the element count.
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape& from) {
   Shape out = shape;

@@ -148,6 +148,10 @@ Tensor normal(const Shape& shape, double mean, double stddev, DType dtype = kFlo
 // A tensor holding a copy of host values (row-major), placed on `device`.
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = kCPU);
+// A 1-D view of [total] elements covering `tensors` when they are, in this order, contiguous
+// and back to back in one storage (a coalesced parameter list, a FlatBuffer's views); an
+// undefined tensor otherwise or for an empty list. Pointer arithmetic only.
+Tensor contiguous_span(const std::vector<Tensor>& tensors);
 // Wraps existing host memory without copying; `owner` keeps it alive.
 Tensor from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
 

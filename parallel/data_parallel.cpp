@@ -78,14 +78,6 @@ struct ReplicasBackward : autograd::Node {
   }
 };
 
-// One flat tensor for `ts` when they share a dtype and device, else undefined.
-Tensor coalesce_if_uniform(const std::vector<Tensor>& ts) {
-  for (const Tensor& t : ts) {
-    if (t.dtype() != ts[0].dtype() || t.device() != ts[0].device()) return Tensor();
-  }
-  return coalesce(ts);
-}
-
 // dst[k] = src[k] for every k: one copy when both lists are still their flat tensors, else one
 // per tensor. Runs on the current device's stream.
 void copy_state(const std::vector<Tensor>& src, const Tensor& src_flat, const std::vector<Tensor>& dst,
@@ -110,13 +102,13 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   state_ = std::make_shared<State>(devices_);
   state_->replicas = replicate(module_, devices_);
   State& s = *state_;
-  s.params_flat = coalesce_if_uniform(module_->parameters());
-  s.buffers_flat = coalesce_if_uniform(module_->buffers());
+  s.params_flat = try_coalesce(module_->parameters());
+  s.buffers_flat = try_coalesce(module_->buffers());
   s.replica_params_flat.resize(devices_.size());
   s.replica_buffers_flat.resize(devices_.size());
   for (size_t r = 1; r < devices_.size(); ++r) {
-    s.replica_params_flat[r] = coalesce_if_uniform(s.replicas[r]->parameters());
-    s.replica_buffers_flat[r] = coalesce_if_uniform(s.replicas[r]->buffers());
+    s.replica_params_flat[r] = try_coalesce(s.replicas[r]->parameters());
+    s.replica_buffers_flat[r] = try_coalesce(s.replicas[r]->buffers());
   }
   s.replicas[0] = shallow_replica(*module_);  // after coalescing: it shares the flat storage
 }

@@ -62,14 +62,17 @@ Tensor coalesce(const std::vector<Tensor>& tensors) {
   return flat;
 }
 
-bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat) {
-  if (!flat.defined()) return false;
-  int64_t offset = flat.offset();
+Tensor try_coalesce(const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors) {
-    if (t.storage() != flat.storage() || t.offset() != offset || !t.is_contiguous()) return false;
-    offset += t.numel();
+    if (!t.defined() || t.dtype() != tensors[0].dtype() || t.device() != tensors[0].device()) return Tensor();
   }
-  return offset == flat.offset() + flat.numel();
+  return coalesce(tensors);
+}
+
+bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat) {
+  const Tensor span = contiguous_span(tensors);
+  return span.defined() && flat.defined() && span.storage() == flat.storage() &&
+         span.offset() == flat.offset() && span.numel() == flat.numel();
 }
 
 std::vector<Tensor> trainable_parameters(const nn::Module& module) {

@@ -51,6 +51,9 @@ bool replicas_in_sync(const Replicas& replicas, double tol = 0.0, bool buffers =
 // becomes its slice of the buffer. A model's parameters so coalesced are copied between devices
 // with one copy instead of one per tensor. Returns an undefined tensor for an empty list.
 Tensor coalesce(const std::vector<Tensor>& tensors);
+// coalesce(tensors) when they share one device and dtype; otherwise an undefined tensor, and
+// nothing changes.
+Tensor try_coalesce(const std::vector<Tensor>& tensors);
 // Whether `tensors` are still, in order, the consecutive contiguous slices filling `flat`
 // (false once something replaced a tensor's storage, e.g. Module::to). Pointer checks only.
 bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat);

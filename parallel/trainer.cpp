@@ -21,6 +21,9 @@ ScratchTrainer::ScratchTrainer(std::shared_ptr<nn::Module> module, std::vector<D
   comm_ = make_communicator(comm_name, devices_);
   for (size_t r = 0; r < devices_.size(); ++r) {
     DeviceGuard device(devices_[r]);
+    // Parameters back to back, like their gradients: the optimizer then updates a replica
+    // with one fused kernel (Note [flat optimizer step]).
+    try_coalesce(replicas_[r]->parameters());
     grads_.emplace_back(trainable_parameters(*replicas_[r]));
     optimizers_.push_back(make_optimizer(replicas_[r]->parameters()));
     TANDEM_CHECK(optimizers_.back() != nullptr, Value, "ScratchTrainer: the optimizer factory "

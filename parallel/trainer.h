@@ -40,6 +40,8 @@ using OptimizerFactory =
 class ScratchTrainer {
  public:
   // `module` becomes replica 0 (moved to devices[0]); comm_name is "naive", "ring" or "nccl".
+  // Each replica's parameters are coalesced into one flat tensor (parallel::coalesce; the
+  // tensors keep their identity), so its optimizer takes one fused step.
   // The trainable parameters must all be of one dtype (one flat gradient buffer per device).
   ScratchTrainer(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                  const std::string& comm_name, const OptimizerFactory& make_optimizer);

@@ -22,7 +22,7 @@ Adam::Adam(std::vector<Tensor> params, double lr, std::pair<double, double> beta
   TANDEM_CHECK(weight_decay_ >= 0, Value, "Adam: weight_decay must be >= 0, got ", weight_decay_);
 }
 
-void Adam::update(size_t index, const Tensor& param, const Tensor& grad) {
+AdamParams Adam::kernel_params() const {
   AdamParams p;
   p.lr = lr();
   p.beta1 = beta1_;
@@ -30,6 +30,26 @@ void Adam::update(size_t index, const Tensor& param, const Tensor& grad) {
   p.eps = eps_;
   p.weight_decay = weight_decay_;
   p.decoupled_weight_decay = decoupled_;
+  return p;
+}
+
+bool Adam::update_flat(const Tensor& params, const Tensor& grads) {
+  for (int64_t s : steps_) {
+    if (s != steps_[0]) return false;  // the bias correction differs per parameter
+  }
+  Tensor m = flat_state(m_, params);
+  if (!m.defined()) return false;
+  Tensor v = flat_state(v_, params);
+  if (!v.defined()) return false;
+  AdamParams p = kernel_params();
+  p.step = steps_[0] + 1;
+  for (int64_t& s : steps_) s = p.step;
+  kernels::adam_step(params, grads, m, v, p);
+  return true;
+}
+
+void Adam::update(size_t index, const Tensor& param, const Tensor& grad) {
+  AdamParams p = kernel_params();
   p.step = ++steps_[index];
   kernels::adam_step(param, grad, state_like(m_[index], param), state_like(v_[index], param), p);
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "nn/optim/optimizer.h"
 
 namespace tandem::nn::optim {
@@ -28,8 +29,11 @@ class Adam : public Optimizer {
 
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
+  bool update_flat(const Tensor& params, const Tensor& grads) override;
 
  private:
+  AdamParams kernel_params() const;
+
   double beta1_, beta2_, eps_, weight_decay_;
   bool decoupled_;
   std::vector<Tensor> m_, v_;  // first and second moments, like each parameter

@@ -28,6 +28,7 @@ void Optimizer::set_lr(double lr) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  if (step_flat()) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -36,6 +37,42 @@ void Optimizer::step() {
                  shape_str(p.shape()), " has a gradient of shape ", shape_str(g.shape()));
     update(i, p, g.is_contiguous() ? g : g.contiguous());
   }
+}
+
+bool Optimizer::step_flat() {
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (const Tensor& p : params_) {
+    Tensor g = p.grad();
+    if (!g.defined() || g.shape() != p.shape()) return false;
+    grads.push_back(std::move(g));
+  }
+  const Tensor flat_params = contiguous_span(params_);
+  if (!flat_params.defined()) return false;
+  const Tensor flat_grads = contiguous_span(grads);
+  if (!flat_grads.defined() || flat_grads.numel() != flat_params.numel() ||
+      flat_grads.device() != flat_params.device() || flat_grads.dtype() != flat_params.dtype()) {
+    return false;
+  }
+  return update_flat(flat_params, flat_grads);
+}
+
+Tensor Optimizer::flat_state(std::vector<Tensor>& slots, const Tensor& flat) const {
+  bool none = true;
+  for (const Tensor& s : slots) none = none && !s.defined();
+  if (none) {
+    Tensor state = zeros(flat.shape(), flat.dtype(), flat.device());
+    int64_t offset = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int64_t n = params_[i].numel();
+      slots[i] = state.slice(0, offset, offset + n).view(params_[i].shape());
+      offset += n;
+    }
+    return state;
+  }
+  Tensor span = contiguous_span(slots);
+  if (!span.defined() || span.numel() != flat.numel() || span.device() != flat.device()) return Tensor();
+  return span;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -20,13 +20,30 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_d
                " dampening=", dampening);
 }
 
-void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
+SgdParams SGD::kernel_params() const {
   SgdParams p;
   p.lr = lr();
   p.momentum = momentum_;
   p.dampening = dampening_;
   p.weight_decay = weight_decay_;
   p.nesterov = nesterov_;
+  return p;
+}
+
+bool SGD::update_flat(const Tensor& params, const Tensor& grads) {
+  SgdParams p = kernel_params();
+  Tensor buf;
+  if (momentum_ != 0) {
+    p.first_step = !buffers_[0].defined();
+    buf = flat_state(buffers_, params);
+    if (!buf.defined()) return false;
+  }
+  kernels::sgd_step(params, grads, buf, p);
+  return true;
+}
+
+void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
+  SgdParams p = kernel_params();
   Tensor buf;
   if (momentum_ != 0) {
     p.first_step = !buffers_[index].defined();

@@ -7,6 +7,7 @@
 //   p -= lr * g
 #include <vector>
 
+#include "kernels/backend.h"
 #include "nn/optim/optimizer.h"
 
 namespace tandem::nn::optim {
@@ -24,8 +25,11 @@ class SGD : public Optimizer {
 
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
+  bool update_flat(const Tensor& params, const Tensor& grads) override;
 
  private:
+  SgdParams kernel_params() const;
+
   double momentum_, weight_decay_, dampening_;
   bool nesterov_;
   std::vector<Tensor> buffers_;  // one per parameter, like the parameter
