@@ -69,6 +69,21 @@ Tensor contiguous_span(const std::vector<Tensor>& tensors) {
   return make_view(first, {end - first.offset()}, {1}, first.offset());
 }
 
+std::vector<Tensor> split_views(const Tensor& flat, const std::vector<Tensor>& like) {
+  int64_t total = 0;
+  for (const Tensor& t : like) total += t.numel();
+  TANDEM_CHECK(flat.dim() == 1 && flat.numel() == total, Shape, "split_views: ", shape_str(flat.shape()),
+               " cannot be split into tensors of ", total, " elements in all");
+  std::vector<Tensor> views;
+  views.reserve(like.size());
+  int64_t offset = 0;
+  for (const Tensor& t : like) {
+    views.push_back(flat.slice(0, offset, offset + t.numel()).view(t.shape()));
+    offset += t.numel();
+  }
+  return views;
+}
+
 namespace {
 
 // Resolves one -1 entry and checks the element count.

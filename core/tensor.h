@@ -152,6 +152,9 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device devi
 // and back to back in one storage (a coalesced parameter list, a FlatBuffer's views); an
 // undefined tensor otherwise or for an empty list. Pointer arithmetic only.
 Tensor contiguous_span(const std::vector<Tensor>& tensors);
+// The other way round: consecutive views of the 1-D tensor `flat`, view k shaped like like[k]
+// (ShapeError unless flat has exactly their total number of elements).
+std::vector<Tensor> split_views(const Tensor& flat, const std::vector<Tensor>& like);
 // Wraps existing host memory without copying; `owner` keeps it alive.
 Tensor from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner);
 

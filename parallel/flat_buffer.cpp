@@ -4,26 +4,28 @@
 
 namespace tandem::parallel {
 
+int64_t checked_flat_numel(const std::vector<Tensor>& tensors, const char* who, const char* noun) {
+  int64_t total = 0;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    TANDEM_CHECK(t.defined(), Value, who, ": ", noun, " ", k, " is undefined");
+    const Tensor& first = tensors[0];
+    TANDEM_CHECK(t.device() == first.device(), Device, who, ": ", noun, " ", k, " is on ", t.device().str(),
+                 " but ", noun, " 0 is on ", first.device().str());
+    TANDEM_CHECK(t.dtype() == first.dtype(), DType, who, ": ", noun, " ", k, " is ", dtype_name(t.dtype()),
+                 " but ", noun, " 0 is ", dtype_name(first.dtype()));
+    total += t.numel();
+  }
+  return total;
+}
+
 FlatBuffer::FlatBuffer(std::vector<Tensor> params) : params_(std::move(params)) {
   TANDEM_CHECK(!params_.empty(), Value, "FlatBuffer: no parameters");
+  const int64_t total = checked_flat_numel(params_, "FlatBuffer", "parameter");
   const Tensor& first = params_[0];
-  int64_t total = 0;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const Tensor& p = params_[k];
-    TANDEM_CHECK(p.defined(), Value, "FlatBuffer: parameter ", k, " is undefined");
-    TANDEM_CHECK(p.device() == first.device(), Device, "FlatBuffer: parameter ", k, " is on ",
-                 p.device().str(), " but parameter 0 is on ", first.device().str());
-    TANDEM_CHECK(p.dtype() == first.dtype(), DType, "FlatBuffer: parameter ", k, " is ",
-                 dtype_name(p.dtype()), " but parameter 0 is ", dtype_name(first.dtype()));
-    total += p.numel();
-  }
   DeviceGuard device(first.device());
   flat_ = zeros({total}, first.dtype(), first.device());
-  int64_t offset = 0;
-  for (const Tensor& p : params_) {
-    views_.push_back(flat_.slice(0, offset, offset + p.numel()).view(p.shape()));
-    offset += p.numel();
-  }
+  views_ = split_views(flat_, params_);
 }
 
 void FlatBuffer::attach() const {

@@ -21,6 +21,10 @@
 
 namespace tandem::parallel {
 
+// The number of elements of `tensors` together, after checking that they are defined and share
+// one device and dtype (ValueError/DeviceError/DTypeError "<who>: <noun> k ..." otherwise).
+int64_t checked_flat_numel(const std::vector<Tensor>& tensors, const char* who, const char* noun);
+
 class FlatBuffer {
  public:
   FlatBuffer() = default;

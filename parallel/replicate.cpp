@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "parallel/comm.h"
 #include "parallel/device_api.h"
+#include "parallel/flat_buffer.h"
 
 namespace tandem::parallel {
 
@@ -35,29 +36,20 @@ void share_storage(const Tensor& src, const Tensor& dst) {
 
 Tensor coalesce(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return Tensor();
-  const Tensor& first = tensors[0];
-  int64_t total = 0;
+  const int64_t total = checked_flat_numel(tensors, "coalesce", "tensor");
   for (size_t k = 0; k < tensors.size(); ++k) {
-    const Tensor& t = tensors[k];
-    TANDEM_CHECK(t.defined(), Value, "coalesce: tensor ", k, " is undefined");
-    TANDEM_CHECK(t.device() == first.device(), Device, "coalesce: tensor ", k, " is on ", t.device().str(),
-                 " but tensor 0 is on ", first.device().str());
-    TANDEM_CHECK(t.dtype() == first.dtype(), DType, "coalesce: tensor ", k, " is ", dtype_name(t.dtype()),
-                 " but tensor 0 is ", dtype_name(first.dtype()));
     for (size_t j = 0; j < k; ++j) {
-      TANDEM_CHECK(!tensors[j].same(t), Value, "coalesce: tensor ", k, " repeats tensor ", j);
+      TANDEM_CHECK(!tensors[j].same(tensors[k]), Value, "coalesce: tensor ", k, " repeats tensor ", j);
     }
-    total += t.numel();
   }
+  const Tensor& first = tensors[0];
   NoGradGuard no_grad;
   DeviceGuard device(first.device());
   Tensor flat = empty({total}, first.dtype(), first.device());
-  int64_t offset = 0;
-  for (const Tensor& t : tensors) {
-    Tensor slice = flat.slice(0, offset, offset + t.numel()).view(t.shape());
-    slice.copy_(t);
-    share_storage(slice, t);
-    offset += t.numel();
+  const std::vector<Tensor> slices = split_views(flat, tensors);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    slices[k].copy_(tensors[k]);
+    share_storage(slices[k], tensors[k]);
   }
   return flat;
 }

@@ -118,13 +118,14 @@ void launch_channel_map(cudaStream_t stream, int64_t n, int64_t c, int64_t hw, c
 template <typename T, typename F, typename... In>
 void channel_map(const F& f, T* out, int64_t n, int64_t c, int64_t hw, cudaStream_t stream, const In*... in) {
   if (n == 0) return;
-  constexpr int V = static_cast<int>(16 / sizeof(T));
-  const bool vec = channel_vec<T>(hw, static_cast<const T*>(out), in...) == V;
   const bool narrow = n <= static_cast<int64_t>(INT32_MAX);  // v + grid stride stays below 2^32
-  if (vec && narrow) return launch_channel_map<V, uint32_t>(stream, n, c, hw, f, out, in...);
-  if (vec) return launch_channel_map<V, int64_t>(stream, n, c, hw, f, out, in...);
-  if (narrow) return launch_channel_map<1, uint32_t>(stream, n, c, hw, f, out, in...);
-  launch_channel_map<1, int64_t>(stream, n, c, hw, f, out, in...);
+  with_channel_vec<T>(hw, [&](auto vec) {
+    if (narrow) {
+      launch_channel_map<vec.value, uint32_t>(stream, n, c, hw, f, out, in...);
+    } else {
+      launch_channel_map<vec.value, int64_t>(stream, n, c, hw, f, out, in...);
+    }
+  }, static_cast<const T*>(out), in...);
 }
 
 // partial[c * splits + s] = sum of x over channel c, image group s (in double).

@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <string>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -63,9 +62,19 @@ struct ConvBuffers {
   void* out;  // y, dx or dw, depending on the pass
 };
 
+// One pass each: how cuDNN's legacy API chooses, sizes and runs it. Pointers x, w, y are in the
+// roles of the forward convolution; the pass writes one of them (out()).
 struct FwdPass {
   using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  static constexpr ConvPass kPass = ConvPass::Forward;
   static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static void* out(void* x, void* w, void* y) { return y; }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvPlan& p, const void* one, const void* zero, void* x,
+                           void* w, void* y, void* ws) {
+    return cudnnConvolutionForward(h, one, p.x.d, x, p.w.d, w, p.conv.d,
+                                   static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), ws, p.workspace, zero,
+                                   p.y.d, y);
+  }
   static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
     return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.d, p.w.d, p.conv.d, p.y.d, kCount, got, r);
   }
@@ -82,7 +91,15 @@ struct FwdPass {
 
 struct BwdDataPass {
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  static constexpr ConvPass kPass = ConvPass::BackwardData;
   static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static void* out(void* x, void* w, void* y) { return x; }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvPlan& p, const void* one, const void* zero, void* x,
+                           void* w, void* y, void* ws) {
+    return cudnnConvolutionBackwardData(h, one, p.w.d, w, p.y.d, y, p.conv.d,
+                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), ws, p.workspace,
+                                        zero, p.x.d, x);
+  }
   static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
     return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w.d, p.y.d, p.conv.d, p.x.d, kCount, got, r);
   }
@@ -99,7 +116,15 @@ struct BwdDataPass {
 
 struct BwdFilterPass {
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  static constexpr ConvPass kPass = ConvPass::BackwardFilter;
   static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static void* out(void* x, void* w, void* y) { return w; }
+  static cudnnStatus_t run(cudnnHandle_t h, const ConvPlan& p, const void* one, const void* zero, void* x,
+                           void* w, void* y, void* ws) {
+    return cudnnConvolutionBackwardFilter(h, one, p.x.d, x, p.y.d, y, p.conv.d,
+                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), ws,
+                                          p.workspace, zero, p.w.d, w);
+  }
   static cudnnStatus_t heuristics(cudnnHandle_t h, const ConvPlan& p, int* got, Perf* r) {
     return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.d, p.y.d, p.conv.d, p.w.d, kCount, got, r);
   }
@@ -115,8 +140,6 @@ struct BwdFilterPass {
 };
 
 bool benchmark_mode() { return cudnn_benchmark(); }
-
-bool graph_api() { return cudnn_graph_api(); }
 
 // Whether a float32 plan may use TF32 tensor cores (Note [TF32]).
 bool tf32_for(DType dtype) { return dtype == kFloat32 && allow_tf32(); }
@@ -158,16 +181,17 @@ void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device devic
 // The plan of a convolution with input x [N, C, H, W], weight w [K, C, R, S] and output
 // y [N, K, P, Q] (see Note [conv plans]). The handle is already bound to the current stream.
 template <typename Pass>
-const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const Shape& ws,
+const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
                          const Shape& ys, const Conv2dParams& p, DType dtype, Device device,
                          const ConvBuffers& bufs) {
   using Key = std::array<int64_t, 18>;
   thread_local std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const int64_t alignment = common_alignment({bufs.x, bufs.w, bufs.y, bufs.out});
+  const ConvPass pass = Pass::kPass;
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
                 xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                 tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0, alignment,
-                graph_api() ? 1 : 0};
+                cudnn_graph_api() ? 1 : 0};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
@@ -188,7 +212,7 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
   TANDEM_CHECK(n == ys[0] && k == ys[1] && oh == ys[2] && ow == ys[3], Shape, "conv2d: x ",
                shape_str(xs), ", w ", shape_str(ws), " give an output [", n, ",", k, ",", oh, ",",
                ow, "], not ", shape_str(ys));
-  if (!benchmark_mode() && graph_api()) {
+  if (!benchmark_mode() && cudnn_graph_api()) {
     plan->graph = ConvGraph::build(h, pass, dtype, xs, ws, ys, p, alignment, tf32_for(dtype), kMaxWorkspace);
   }
   if (plan->graph) {
@@ -197,6 +221,24 @@ const ConvPlan& get_plan(ConvPass pass, cudnnHandle_t h, const Shape& xs, const 
     choose_algorithm<Pass>(h, *plan, dtype, device, bufs);
   }
   return *(plans[key] = std::move(plan));
+}
+
+// Runs one pass on x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (pointers in the forward
+// roles; the pass overwrites Pass::out) on the device's current stream: through the plan's
+// cached graph, or the legacy call.
+template <typename Pass, typename T>
+void convolve(Device device, const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, void* x,
+              void* w, void* y) {
+  cudnnHandle_t h = cudnn_handle(device);
+  const ConvPlan& plan =
+      get_plan<Pass>(h, xs, ws, ys, p, dtype_of<T>::value, device, {x, w, y, Pass::out(x, w, y)});
+  DataPtr workspace = allocate(device, plan.workspace);
+  if (plan.graph) {
+    plan.graph->run(h, x, w, y, workspace.get());
+    return;
+  }
+  const T one = 1, zero = 0;
+  TANDEM_CUDNN_CHECK(Pass::run(h, plan, &one, &zero, x, w, y, workspace.get()));
 }
 
 // y [N, K, PQ] += bias [K] (channel_map, channel_reduce.cuh).
@@ -215,20 +257,8 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   DeviceGuard guard(x.device());
   dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cudnnHandle_t h = gpu::cudnn_handle(x.device());
-    const gpu::ConvPlan& plan = gpu::get_plan<gpu::FwdPass>(
-        gpu::ConvPass::Forward, h, x.shape(), w.shape(), y.shape(), p, x.dtype(), x.device(),
-        {x.raw_data(), w.raw_data(), nullptr, y.raw_data()});
-    DataPtr ws = allocate(x.device(), plan.workspace);
-    const T one = 1, zero = 0;
-    if (plan.graph) {
-      plan.graph->run(h, x.raw_data(), w.raw_data(), y.raw_data(), ws.get());
-    } else {
-      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(
-          h, &one, plan.x.d, x.raw_data(), plan.w.d, w.raw_data(), plan.conv.d,
-          static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-          plan.y.d, y.raw_data()));
-    }
+    gpu::convolve<gpu::FwdPass, T>(x.device(), x.shape(), w.shape(), y.shape(), p, x.raw_data(), w.raw_data(),
+                                   y.raw_data());
     if (bias.defined()) {
       gpu::channel_map(gpu::AddBias<T>{gpu::cptr<T>(bias)}, gpu::ptr<T>(y), y.numel(), y.size(1),
                        y.size(2) * y.size(3), current_cuda_stream(x.device()), gpu::cptr<T>(y));
@@ -246,20 +276,8 @@ void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const
   }
   dispatch_floating(dx.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cudnnHandle_t h = gpu::cudnn_handle(dx.device());
-    const gpu::ConvPlan& plan = gpu::get_plan<gpu::BwdDataPass>(
-        gpu::ConvPass::BackwardData, h, dx.shape(), w.shape(), dy.shape(), p, dx.dtype(),
-        dx.device(), {nullptr, w.raw_data(), dy.raw_data(), dx.raw_data()});
-    DataPtr ws = allocate(dx.device(), plan.workspace);
-    const T one = 1, zero = 0;
-    if (plan.graph) {
-      plan.graph->run(h, dx.raw_data(), w.raw_data(), dy.raw_data(), ws.get());
-    } else {
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          h, &one, plan.w.d, w.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
-          static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-          plan.x.d, dx.raw_data()));
-    }
+    gpu::convolve<gpu::BwdDataPass, T>(dx.device(), dx.shape(), w.shape(), dy.shape(), p, dx.raw_data(),
+                                       w.raw_data(), dy.raw_data());
   });
 }
 
@@ -273,20 +291,8 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
   }
   dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cudnnHandle_t h = gpu::cudnn_handle(dw.device());
-    const gpu::ConvPlan& plan = gpu::get_plan<gpu::BwdFilterPass>(
-        gpu::ConvPass::BackwardFilter, h, x.shape(), dw.shape(), dy.shape(), p, dw.dtype(),
-        dw.device(), {x.raw_data(), nullptr, dy.raw_data(), dw.raw_data()});
-    DataPtr ws = allocate(dw.device(), plan.workspace);
-    const T one = 1, zero = 0;
-    if (plan.graph) {
-      plan.graph->run(h, x.raw_data(), dw.raw_data(), dy.raw_data(), ws.get());
-    } else {
-      TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-          h, &one, plan.x.d, x.raw_data(), plan.y.d, dy.raw_data(), plan.conv.d,
-          static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.get(), plan.workspace, &zero,
-          plan.w.d, dw.raw_data()));
-    }
+    gpu::convolve<gpu::BwdFilterPass, T>(dw.device(), x.shape(), dw.shape(), dy.shape(), p, x.raw_data(),
+                                         dw.raw_data(), dy.raw_data());
     if (db.defined()) {
       // db = per-channel sum of dy (Note [split channel reductions]).
       const gpu::ChannelSplit g = gpu::channel_split(dy.size(0), dy.size(1), dy.size(2) * dy.size(3));

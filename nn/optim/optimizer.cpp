@@ -62,12 +62,7 @@ Tensor Optimizer::flat_state(std::vector<Tensor>& slots, const Tensor& flat) con
   for (const Tensor& s : slots) none = none && !s.defined();
   if (none) {
     Tensor state = zeros(flat.shape(), flat.dtype(), flat.device());
-    int64_t offset = 0;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const int64_t n = params_[i].numel();
-      slots[i] = state.slice(0, offset, offset + n).view(params_[i].shape());
-      offset += n;
-    }
+    slots = split_views(state, params_);
     return state;
   }
   Tensor span = contiguous_span(slots);
