@@ -33,6 +33,8 @@ void throw_error(int kind, const std::string& msg, const char* file, int line) {
     case kCublas: throw CublasError(full);
     case kCudnn: throw CudnnError(full);
     case kNccl: throw NcclError(full);
+    case kDist: throw DistError(full);
+    case kTimeout: throw TimeoutError(full);
     default: throw Error(full);
   }
 }

@@ -25,6 +25,10 @@ class CudaError : public Error { using Error::Error; };
 class CublasError : public CudaError { using CudaError::CudaError; };
 class CudnnError : public CudaError { using CudaError::CudaError; };
 class NcclError : public Error { using Error::Error; };
+// Between processes: rendezvous, the store, a process group's collectives.
+class DistError : public Error { using Error::Error; };
+// A wait that ran past its deadline (a store key, a barrier, a collective).
+class TimeoutError : public DistError { using DistError::DistError; };
 
 namespace detail {
 // Streams every argument into one string: str("x=", 3, " y=", 4.5).
@@ -37,14 +41,14 @@ std::string str(const Args&... args) {
 [[noreturn]] void throw_error(int kind, const std::string& msg, const char* file, int line);
 void log_error(const std::string& msg, const char* file, int line) noexcept;
 enum ErrorKind : int {
-  kError, kShape, kDevice, kDType, kValue, kIO, kFormat, kCuda, kCublas, kCudnn, kNccl
+  kError, kShape, kDevice, kDType, kValue, kIO, kFormat, kCuda, kCublas, kCudnn, kNccl, kDist, kTimeout
 };
 }  // namespace detail
 
 }  // namespace tandem
 
 // TANDEM_CHECK(cond, Kind, message parts...): throws tandem::<Kind>Error when cond is false.
-// Kind is one of Error, Shape, Device, DType, Value, IO, Format.
+// Kind is one of Error, Shape, Device, DType, Value, IO, Format, Cuda, Nccl, Dist, Timeout.
 #define TANDEM_CHECK(cond, kind, ...)                                                  \
   do {                                                                                 \
     if (!(cond)) {                                                                     \

@@ -28,6 +28,8 @@ thread_local const DeviceWorkers* t_owner = nullptr;  // the pool this thread wo
   } catch (const CudnnError& x) { throw CudnnError(prefix + x.what());
   } catch (const CudaError& x) { throw CudaError(prefix + x.what());
   } catch (const NcclError& x) { throw NcclError(prefix + x.what());
+  } catch (const TimeoutError& x) { throw TimeoutError(prefix + x.what());
+  } catch (const DistError& x) { throw DistError(prefix + x.what());
   } catch (const std::exception& x) { throw Error(prefix + x.what());
   } catch (...) { throw Error(prefix + "unknown exception");
   }
