@@ -65,7 +65,36 @@ bool any_defined(const TensorList& ts) {
   return false;
 }
 
+// The callbacks of the backward pass running on this thread (null outside one).
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+// Installs a callback list for one run_backward; restores the outer one (a hook may run a
+// nested backward) on the way out, also when a node throws.
+class CallbackScope {
+ public:
+  CallbackScope() : prev_(t_callbacks) { t_callbacks = &callbacks_; }
+  ~CallbackScope() { t_callbacks = prev_; }
+  void run() {
+    for (size_t i = 0; i < callbacks_.size(); ++i) {  // may grow while running
+      auto fn = std::move(callbacks_[i]);
+      fn();
+    }
+    callbacks_.clear();
+  }
+
+ private:
+  std::vector<std::function<void()>> callbacks_;
+  std::vector<std::function<void()>>* prev_;
+};
+
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  TANDEM_CHECK(t_callbacks != nullptr, Error,
+               "queue_callback: no backward pass is running on this thread (call it from a "
+               "gradient hook or a node's backward)");
+  t_callbacks->push_back(std::move(fn));
+}
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph) {
@@ -74,6 +103,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   // Backward functions are built from kernels:: ops, which never record; turning recording
   // off also keeps hooks that call differentiable ops from growing the graph.
   NoGradGuard no_grad;
+  CallbackScope callbacks;
 
   TaskMap tasks;
   std::vector<Node*> root_nodes;
@@ -142,6 +172,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (--next.dependencies == 0) push_ready(e.node.get());
     }
   }
+  callbacks.run();
 }
 
 }  // namespace tandem::autograd

@@ -1,5 +1,6 @@
 #pragma once
 // The backward engine.
+#include <functional>
 #include <vector>
 
 #include "autograd/node.h"
@@ -23,5 +24,12 @@ namespace tandem::autograd {
 // - Running backward again through a graph freed by an earlier backward throws Error.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
                   bool retain_graph = false);
+
+// Queues fn to run once the backward pass in progress on this thread has finished every node
+// (PyTorch's Variable._execution_engine.queue_callback): DistributedDataParallel uses it to
+// launch what is left of its buckets and to check for unused parameters after the last hook.
+// Callbacks run in queue order, with grad mode off, and may queue more. Error when no backward
+// runs on this thread (call it from a hook or a node's backward).
+void queue_callback(std::function<void()> fn);
 
 }  // namespace tandem::autograd

@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include "core/cuda_check.h"
+#include "parallel/nccl_types.h"
 #endif
 
 namespace tandem::parallel {
@@ -31,16 +32,6 @@ void require_cuda_devices(const std::vector<Device>& devices) {
 namespace {
 
 ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
-
-ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::Float32: return ncclFloat32;
-    case DType::Float64: return ncclFloat64;
-    case DType::Int64: return ncclInt64;
-    case DType::UInt8: return ncclUint8;
-  }
-  TANDEM_THROW(DType, "nccl communicator: unsupported dtype ", dtype_name(t));
-}
 
 // Runs enqueue(i) for every device inside one ncclGroupStart/End, so NCCL launches the pieces
 // together (calling them one by one from a single thread would deadlock). The group is always

@@ -1,0 +1,108 @@
+#pragma once
+// DistributedDataParallel: one process per device, PyTorch's torch.nn.parallel.DDP.
+//
+//   auto ctx = dist::init_process_group("auto", device);        // RANK, WORLD_SIZE, ... from the launcher
+//   auto model = nn::models::lenet();
+//   dist::DistributedDataParallel ddp(model, ctx.group);      // rank 0's weights everywhere
+//   nn::optim::SGD opt(ddp.parameters(), 0.1);
+//   for (...) {
+//     opt.zero_grad();
+//     Tensor loss = cross_entropy(ddp(x), y);                 // x: this rank's shard
+//     loss.backward();                                        // buckets reduced while backward runs
+//     opt.step();                                             // after the last bucket, no host sync
+//   }
+//
+// What each piece does (the d2l stages, across processes):
+//   construction  moves the module to the group's device, checks that every rank has the same
+//                 parameter names, shapes and dtypes (DistError naming the first difference and
+//                 the ranks), broadcasts rank 0's parameters and buffers, and builds the Reducer
+//                 (parallel/reducer.h): buckets in reverse order, .grad = bucket views, hooks;
+//   forward       broadcasts rank 0's buffers (BatchNorm running statistics; broadcast_buffers)
+//                 in one collective per dtype, readies the buckets, runs the module;
+//   backward      each bucket's allreduce (average) starts the moment its last gradient is
+//                 final, overlapping the rest of backward; at the end every reduction is
+//                 waited for on the compute stream (GPU) or by the host (CPU);
+//   step          the optimizer sees averaged gradients: every rank applies the same update,
+//                 so the replicas stay identical without copying parameters.
+//
+// The gradient is the average over ranks of each rank's gradient, as in PyTorch. With shards
+// of equal size that is the gradient of the global batch's mean loss; with uneven shards scale
+// each rank's loss by world_size * b_rank / B (Note [loss scaling for uneven shards] in
+// parallel/trainer.cpp; the example driver does).
+//
+// no_sync(): inside the guard, backward accumulates into the buckets and reduces nothing; the
+// first backward outside it reduces the accumulated sum (gradient accumulation over k
+// micro-batches equals one batch k times larger).
+//
+// A parameter that gets no gradient in a backward pass is an error naming it, because the
+// other ranks would wait for its bucket forever; with find_unused_parameters it counts as
+// zero (found at the end of backward, so its bucket is reduced last).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/dist/process_group.h"
+#include "parallel/reducer.h"
+
+namespace tandem::parallel::dist {
+
+struct DistributedDataParallelOptions {
+  bool broadcast_buffers = true;
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  bool find_unused_parameters = false;
+  // false: every bucket is reduced after backward instead of during it (to measure the overlap).
+  bool overlap = true;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                          DistributedDataParallelOptions options = {});
+  ~DistributedDataParallel();
+
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // RAII: no gradient reduction while alive (see the header comment).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  std::vector<Tensor> parameters() const { return module_->parameters(); }
+  nn::Module& module() { return *module_; }
+  const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
+  ProcessGroup& process_group() { return *group_; }
+  Reducer& reducer() { return *reducer_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { train(false); }
+
+ private:
+  void check_same_model_everywhere();
+  void broadcast_buffers();
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+  std::vector<Tensor> buffer_flats_;  // buffers coalesced per dtype (Note [coalesced replica state])
+  std::vector<std::vector<Tensor>> buffer_groups_;
+  int instance_ = 0;
+};
+
+// Broadcasts `tensors` (all on the group's device) from `root` as one collective per dtype:
+// packed into a flat buffer, broadcast, unpacked. Waits (stream-ordered on GPUs).
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
+
+}  // namespace tandem::parallel::dist

@@ -1,0 +1,184 @@
+#pragma once
+// ProcessGroup: collectives between processes, one rank per process.
+//
+// The in-process Communicator (parallel/comm.h) reduces over the devices of one process; a
+// ProcessGroup reduces over the ranks of a job, each rank a process with one device. The bytes
+// move through an engine made for it (DESIGN.md invariant 10):
+//   "nccl"  GPU tensors: ncclCommInitRank with the unique id passed through the store, every
+//           collective on the group's own communication stream (process_group_nccl.cpp);
+//   "gloo"  CPU tensors: Gloo's TCP transport, its rendezvous through our store, every
+//           collective run by one background thread in issue order (process_group_gloo.cpp).
+// A backend not compiled into this build is a DistError that says so.
+//
+// Every collective returns a Work at once. work->wait() is stream-ordered where that means
+// something: on a GPU the current stream of the tensor's device waits for the collective (an
+// event, no host sync); on the CPU the host waits, since the CPU "stream" is the host. The
+// tensors must stay alive and untouched until the work is waited on.
+//
+// Failures end, they never hang (DESIGN.md invariant 13; Note [collective failures] in
+// process_group.cpp): every collective has a deadline (options.timeout, default 10 minutes as
+// in PyTorch, or TANDEM_DIST_TIMEOUT seconds from the environment). A monitor thread publishes
+// this rank's progress to the store about once a second and watches for ranks that left the
+// store without saying goodbye. A collective that times out or whose peer died fails with
+// one message naming the collective, its sequence number, this rank and the ranks that did
+// not arrive:
+//   "allreduce #17 (float32 x 62006) on rank 1 of 2: timed out after 10 s; rank 0 did not
+//    arrive (last seen at #16; it disconnected from the store)"
+// The first options.fingerprint_collectives collectives are checked across ranks through the
+// store (Note [collective fingerprints]): ranks that issue different collectives (a different
+// bucket layout, a missing call) get an error naming both sides instead of a hang or garbage.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/dist/env.h"
+#include "parallel/dist/store.h"
+
+namespace tandem::parallel::dist {
+
+enum class ReduceOp { Sum, Avg };  // Avg: Sum divided by the group size (PyTorch's AVG)
+const char* reduce_op_name(ReduceOp op);
+
+// The result of a collective that may still be running.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // GPU: the calling thread's current stream of the tensor's device waits for the collective
+  // (no host sync). CPU: the host waits. Rethrows the collective's error (DistError /
+  // TimeoutError) when it failed.
+  virtual void wait() = 0;
+  // The host waits for completion (both kinds), rethrowing the error.
+  virtual void synchronize() = 0;
+  // True once finished (successfully or not); never blocks.
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// The timeout of collectives: TANDEM_DIST_TIMEOUT (seconds, may be fractional) when set, else
+// 10 minutes. ValueError naming the variable for a value that does not parse or is <= 0.
+Milliseconds default_collective_timeout();
+
+struct ProcessGroupOptions {
+  Milliseconds timeout = default_collective_timeout();
+  int fingerprint_collectives = 8;  // the first N collectives are compared across ranks
+  Milliseconds monitor_interval{500};  // progress publication and dead-rank check
+};
+
+class ProcessGroup {
+ public:
+  // `store` is shared by every rank of the job (a PrefixStore of it is fine).
+  ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend() const = 0;
+  // Where this group's tensors live: the CPU for Gloo, this rank's GPU for NCCL.
+  virtual Device device() const = 0;
+  // Collectives issued so far (the next one gets this number).
+  uint64_t sequence_number() const { return seq_; }
+  const ProcessGroupOptions& options() const { return options_; }
+  Store& store() { return *store_; }
+  const std::shared_ptr<Store>& store_ptr() const { return store_; }
+
+  // The collectives (torch.distributed's names and argument order). Tensors must be
+  // contiguous and on this backend's device kind; every rank passes the same shape and dtype.
+  // In place: every rank's t holds the reduction of all ranks' t.
+  WorkPtr allreduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // Every rank's t holds root's t.
+  WorkPtr broadcast(const Tensor& t, int root = 0);
+  // all_gather_into_tensor: out [size * n] holds every rank's in [n], in rank order.
+  WorkPtr allgather(const Tensor& out, const Tensor& in);
+  // reduce_scatter_tensor: out [n] holds the reduction of chunk `rank` of every rank's in
+  // [size * n].
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum);
+  // Returns once every rank has called it (the host waits; GPU work queued before is not
+  // waited for).
+  void barrier();
+  // Point to point, for the teaching ring over processes (allreduce_ring_p2p in ring_p2p.h).
+  WorkPtr send(const Tensor& t, int dst);
+  WorkPtr recv(const Tensor& t, int src);
+
+  // Throws the error that ended this group (a failed collective, a dead rank); no-op while
+  // the group is healthy. Every collective calls it first.
+  void check_healthy() const;
+
+ protected:
+  // What a collective is, for fingerprints and error messages: "allreduce #17 (float32 x 62006)".
+  struct Call {
+    const char* op;
+    uint64_t seq;
+    Tensor t, other;  // other: allgather/reduce_scatter's second tensor
+    ReduceOp reduce = ReduceOp::Sum;
+    int peer = -1;  // root, dst or src
+    std::string str() const;
+  };
+  virtual WorkPtr do_allreduce(const Call& c) = 0;
+  virtual WorkPtr do_broadcast(const Call& c) = 0;
+  virtual WorkPtr do_allgather(const Call& c) = 0;
+  virtual WorkPtr do_reduce_scatter(const Call& c) = 0;
+  virtual WorkPtr do_send(const Call& c) = 0;
+  virtual WorkPtr do_recv(const Call& c) = 0;
+  // Called by the monitor once the group has failed (after the error is recorded): stop the
+  // engine so nothing waits on it any more (ncclCommAbort; Gloo's pairs close).
+  virtual void abort_engine() {}
+  // Backends check the device kind of the tensors here.
+  virtual void check_tensor(const char* op, const Tensor& t) const = 0;
+
+  // The failure message for `c` after `reason` ("timed out after 10 s", "peer closed the
+  // connection"), with what the store knows about the other ranks.
+  std::string failure_message(const Call& c, const std::string& reason);
+  // Records the first error of the group (later ones are dropped), tells the other ranks
+  // through the store's abort key, and calls abort_engine(). Thread-safe.
+  void fail(const std::string& message, bool timeout);
+  // Starts the monitor thread; backends call it at the end of their constructor.
+  void start_monitor();
+  void stop_monitor();
+  // Called by the monitor about every monitor_interval: a backend checks its in-flight work
+  // against the deadlines and the engine's own error state.
+  virtual void poll_in_flight() {}
+
+  std::shared_ptr<Store> store_;
+  int rank_, size_;
+  ProcessGroupOptions options_;
+
+ private:
+  Call begin(const char* op, const Tensor& t, const Tensor& other = Tensor(), int peer = -1,
+             ReduceOp reduce = ReduceOp::Sum);
+  void fingerprint(const Call& c);
+  void monitor_loop();
+
+  uint64_t seq_ = 0;
+  uint64_t p2p_seq_ = 0;
+  struct Monitor;
+  std::unique_ptr<Monitor> monitor_;
+};
+
+// A group from explicit pieces: backend "nccl" (the current CUDA device is this rank's GPU),
+// "gloo", or "auto" (nccl when a GPU is the current device... see init_process_group).
+std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
+                                                std::shared_ptr<Store> store, int rank, int size,
+                                                ProcessGroupOptions options = {});
+
+// torch.distributed.init_process_group: reads the environment contract (env.h), connects to
+// the TCP store (rank 0 hosts it; the store's timeout is options.timeout), and builds the
+// group. backend "auto": "nccl" when `device` is a GPU, else "gloo". The rank's device is
+// made current for NCCL. Errors name the variable, address or rank at fault.
+struct DistributedContext {
+  DistEnv env;
+  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<ProcessGroup> group;
+};
+DistributedContext init_process_group(const std::string& backend, Device device,
+                                      ProcessGroupOptions options = {});
+
+// The names new_process_group accepts in this build ("gloo" only with Gloo, "nccl" only with
+// NCCL).
+std::vector<std::string> process_group_backends();
+
+}  // namespace tandem::parallel::dist

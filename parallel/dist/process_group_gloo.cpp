@@ -1,0 +1,348 @@
+// The Gloo backend: CPU tensors between processes over Gloo's TCP transport.
+//
+// Gloo's collectives block the calling thread, so the group runs them on one background thread
+// of its own, in issue order: allreduce() returns at once and the caller (DDP's backward) keeps
+// computing while the bytes move — the overlap a bucketed allreduce exists for. One thread also
+// keeps Gloo's requirement that concurrent collectives have distinct tags trivially true.
+//
+// Gloo's rendezvous (every pair of ranks exchanging addresses) goes through our store: the
+// adapter below is all Gloo needs of it.
+#include "parallel/dist/process_group_backends.h"
+
+#ifdef TANDEM_WITH_GLOO
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+#include "core/error.h"
+
+namespace tandem::parallel::dist {
+
+#ifndef TANDEM_WITH_GLOO
+
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store>, int, int, ProcessGroupOptions,
+                                              const std::string&) {
+  TANDEM_THROW(Dist, "process group backend \"gloo\" is not in this build of tandem (Gloo was not found when "
+                     "it was built; on Debian: apt-get install libgloo-dev, then rebuild)");
+}
+
+#else
+
+namespace {
+
+// Gloo's view of our store.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(dist::Store& s) : s_(s) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_.set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Bytes b = s_.get(key);
+    return std::vector<char>(b.begin(), b.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { s_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    s_.wait(keys, timeout);
+  }
+
+ private:
+  dist::Store& s_;
+};
+
+// A collective queued on (or run by) the group's thread.
+class GlooWork : public Work {
+ public:
+  GlooWork(ProcessGroup* group, Milliseconds timeout) : group_(group), timeout_(timeout) {}
+
+  void wait() override { synchronize(); }
+  void synchronize() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Wakes up now and then: a group that failed meanwhile (another rank died, seen by the
+    // monitor) ends the wait without waiting for Gloo's own timeout.
+    while (!done_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      if (done_) break;
+      lock.unlock();
+      group_->check_healthy();
+      lock.lock();
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void finish(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  ProcessGroup* group_;
+  Milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// The element-wise sum Gloo calls, for our dtype.
+gloo::AllreduceOptions::Func sum_function(DType t) {
+  switch (t) {
+    case DType::Float32: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); };
+    case DType::Float64: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<double>(c, a, b, n); };
+    case DType::Int64: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<int64_t>(c, a, b, n); };
+    case DType::UInt8: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<uint8_t>(c, a, b, n); };
+  }
+  TANDEM_THROW(DType, "gloo: unsupported dtype ", dtype_name(t));
+}
+
+// Avg = Sum / size, for the floating dtypes.
+void divide(const Tensor& t, int size) {
+  if (t.dtype() == DType::Float32) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(size);
+  } else {
+    double* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<double>(size);
+  }
+}
+
+// The address Gloo's pairs listen on: GLOO_SOCKET_IFNAME's interface (as in PyTorch), the
+// loopback address for a job on loopback, else this host's name.
+gloo::transport::tcp::attr transport_attr(const std::string& master_addr) {
+  gloo::transport::tcp::attr attr;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    attr.iface = ifname;
+  } else if (master_addr.empty() || master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    attr.hostname = "127.0.0.1";
+  } else {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    attr.hostname = host;
+  }
+  return attr;
+}
+
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
+                   const std::string& master_addr)
+      : ProcessGroup(std::move(store), rank, size, options) {
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(transport_attr(master_addr));
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      context_->setTimeout(options.timeout);
+      PrefixStore prefixed("gloo", store_);
+      GlooStore adapter(prefixed);
+      context_->connectFullMesh(adapter, device_);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      TANDEM_THROW(Dist, "gloo rendezvous on rank ", rank, " of ", size, " failed: ", e.what());
+    }
+    thread_ = std::thread([this] { loop(); });
+    start_monitor();
+  }
+
+  ~ProcessGroupGloo() override {
+    stop_monitor();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    // A collective stuck in Gloo after a failure would block join() until Gloo's own timeout;
+    // the process is about to exit with an error then, so let the thread go (Gloo's state it
+    // uses is kept alive by the shared pointers it holds).
+    bool failed = false;
+    try {
+      check_healthy();
+    } catch (...) {
+      failed = true;
+    }
+    if (failed) thread_.detach();
+    else thread_.join();
+  }
+
+  std::string backend() const override { return "gloo"; }
+  Device device() const override { return kCPU; }
+
+ protected:
+  void check_tensor(const char* op, const Tensor& t) const override {
+    TANDEM_CHECK(t.device().is_cpu(), Device, op, " on rank ", rank_, ": the gloo backend takes CPU tensors, got ",
+                 t.str(), " (use the nccl backend for GPU tensors)");
+  }
+
+  WorkPtr do_allreduce(const Call& c) override {
+    TANDEM_CHECK(c.reduce == ReduceOp::Sum || is_floating(c.t.dtype()), DType, c.str(),
+                 ": avg needs a floating dtype");
+    return enqueue(c, [this, c](gloo::Context&) {
+      gloo::AllreduceOptions o(context_);
+      set_typed_output(o, c.t);
+      o.setReduceFunction(sum_function(c.t.dtype()));
+      o.setTag(tag(c));
+      o.setTimeout(options_.timeout);
+      gloo::allreduce(o);
+      if (c.reduce == ReduceOp::Avg) divide(c.t, size_);
+    });
+  }
+
+  WorkPtr do_broadcast(const Call& c) override {
+    return enqueue(c, [this, c](gloo::Context&) {
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(static_cast<uint8_t*>(c.t.raw_data()), c.t.nbytes());
+      o.setRoot(c.peer);
+      o.setTag(tag(c));
+      o.setTimeout(options_.timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  WorkPtr do_allgather(const Call& c) override {
+    return enqueue(c, [this, c](gloo::Context&) {
+      gloo::AllgatherOptions o(context_);
+      o.setInput(static_cast<uint8_t*>(c.t.raw_data()), c.t.nbytes());
+      o.setOutput(static_cast<uint8_t*>(c.other.raw_data()), c.other.nbytes());
+      o.setTag(tag(c));
+      o.setTimeout(options_.timeout);
+      gloo::allgather(o);
+    });
+  }
+
+  // Gloo has no reduce-scatter in its options API: allreduce a copy and keep this rank's chunk
+  // (twice the bytes of a real reduce-scatter; DDP does not use it).
+  WorkPtr do_reduce_scatter(const Call& c) override {
+    return enqueue(c, [this, c](gloo::Context&) {
+      Tensor whole = c.t.clone();
+      gloo::AllreduceOptions o(context_);
+      set_typed_output(o, whole);
+      o.setReduceFunction(sum_function(whole.dtype()));
+      o.setTag(tag(c));
+      o.setTimeout(options_.timeout);
+      gloo::allreduce(o);
+      if (c.reduce == ReduceOp::Avg) divide(whole, size_);
+      const int64_t n = c.other.numel();
+      c.other.copy_(whole.slice(0, rank_ * n, (rank_ + 1) * n).view(c.other.shape()));
+    });
+  }
+
+  WorkPtr do_send(const Call& c) override {
+    return enqueue(c, [this, c](gloo::Context& ctx) {
+      auto buf = ctx.createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
+      buf->send(c.peer, c.seq);
+      if (!buf->waitSend(options_.timeout)) throw std::runtime_error("send timed out");
+    });
+  }
+
+  WorkPtr do_recv(const Call& c) override {
+    return enqueue(c, [this, c](gloo::Context& ctx) {
+      auto buf = ctx.createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
+      buf->recv(c.peer, c.seq);
+      if (!buf->waitRecv(options_.timeout)) throw std::runtime_error("recv timed out");
+    });
+  }
+
+ private:
+  using Job = std::function<void(gloo::Context&)>;
+
+  // The reduction must see whole elements, so the output is set with the real element type.
+  static void set_typed_output(gloo::AllreduceOptions& o, const Tensor& t) {
+    const auto n = static_cast<size_t>(t.numel());
+    switch (t.dtype()) {
+      case DType::Float32: o.setOutput(static_cast<float*>(t.raw_data()), n); return;
+      case DType::Float64: o.setOutput(static_cast<double*>(t.raw_data()), n); return;
+      case DType::Int64: o.setOutput(static_cast<int64_t*>(t.raw_data()), n); return;
+      case DType::UInt8: o.setOutput(static_cast<uint8_t*>(t.raw_data()), n); return;
+    }
+  }
+
+  // Collectives use sequence numbers as tags (distinct for every collective in flight).
+  static uint32_t tag(const Call& c) { return static_cast<uint32_t>(c.seq); }
+
+  WorkPtr enqueue(const Call& c, Job job) {
+    auto work = std::make_shared<GlooWork>(this, options_.timeout);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({c.str(), c, std::move(job), work});
+    }
+    cv_.notify_all();
+    return work;
+  }
+
+  void loop() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        check_healthy();
+        item.job(*context_);
+      } catch (const Error&) {
+        error = std::current_exception();
+      } catch (const std::exception& e) {
+        // Gloo's exceptions say what the transport saw ("Connection closed by peer", "Timed
+        // out"); ours adds which collective and which ranks.
+        const std::string what = e.what();
+        const bool timeout = what.find("imed out") != std::string::npos;
+        fail(failure_message(item.call, what), timeout);
+        try {
+          check_healthy();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      item.work->finish(error);
+    }
+  }
+
+  struct Item {
+    std::string desc;
+    Call call;
+    Job job;
+    std::shared_ptr<GlooWork> work;
+  };
+
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size,
+                                              ProcessGroupOptions options, const std::string& master_addr) {
+  return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options, master_addr);
+}
+
+#endif
+
+}  // namespace tandem::parallel::dist

@@ -1,0 +1,250 @@
+// The NCCL backend: this rank's GPU, one NCCL communicator per group.
+//
+// Rank 0 makes the unique id and puts it in the store; every rank builds its communicator with
+// ncclCommInitRankConfig in non-blocking mode, so a rank that never arrives is a timeout with
+// a message, not a hang inside NCCL. Every collective runs on the group's own communication
+// stream: an event orders it after the work already queued on the caller's stream, and
+// Work::wait() makes the caller's stream wait for its end — no host synchronization anywhere
+// (STYLE.md, "Multi-GPU"). The monitor thread (process_group.cpp) polls the collectives in
+// flight: past its deadline, or when ncclCommGetAsyncError reports an error, the group fails
+// and ncclCommAbort ends the kernels, so nothing waits on them any more.
+#include "parallel/dist/process_group_backends.h"
+
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/stream.h"
+
+#ifdef TANDEM_WITH_NCCL
+#include <nccl.h>
+
+#include "core/cuda_check.h"
+#include "parallel/nccl_types.h"
+#endif
+
+namespace tandem::parallel::dist {
+
+#ifndef TANDEM_WITH_NCCL
+
+std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int, ProcessGroupOptions) {
+  TANDEM_THROW(Dist, "process group backend \"nccl\" is not in this build of tandem (it needs CUDA and NCCL "
+                     "found when it was built); use \"gloo\" for CPU tensors");
+}
+
+#else
+
+namespace {
+
+// A collective enqueued on the communication stream.
+class NcclWork : public Work {
+ public:
+  NcclWork(ProcessGroup* group, std::shared_ptr<Event> done, Tensor keep)
+      : group_(group), done_(std::move(done)), keep_(std::move(keep)) {}
+  void wait() override {
+    group_->check_healthy();
+    done_->wait(current_stream(done_->device()));
+  }
+  void synchronize() override {
+    // Polled, not cudaEventSynchronize: a failed group ends the wait (its abort ends the
+    // kernels too, but the error is what the caller needs).
+    while (!done_->query()) {
+      group_->check_healthy();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    group_->check_healthy();
+  }
+  bool is_completed() override { return done_->query(); }
+
+ private:
+  ProcessGroup* group_;
+  std::shared_ptr<Event> done_;
+  Tensor keep_;  // the buffer stays alive while NCCL may still use it
+};
+
+class ProcessGroupNccl final : public ProcessGroup {
+ public:
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
+      : ProcessGroup(std::move(store), rank, size, options), device_(current_device()) {
+    TANDEM_CHECK(device_.is_cuda(), Device, "nccl process group on rank ", rank, ": the current device is ",
+                 device_.str(), "; make this rank's GPU current first (or use the gloo backend for CPU tensors)");
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off
+    comm_stream_ = Stream::create(device_, /*high_priority=*/true);
+
+    ncclUniqueId id;
+    if (rank == 0) {
+      TANDEM_NCCL_CHECK(ncclGetUniqueId(&id));
+      const auto* p = reinterpret_cast<const uint8_t*>(&id);
+      store_->set("nccl/id", Bytes(p, p + sizeof id));
+    }
+    Bytes b = store_->get("nccl/id");  // TimeoutError naming the key when rank 0 never comes
+    TANDEM_CHECK(b.size() == sizeof id, Dist, "nccl process group on rank ", rank, ": the unique id in the store has ",
+                 b.size(), " bytes, expected ", sizeof id);
+    std::copy(b.begin(), b.end(), reinterpret_cast<uint8_t*>(&id));
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    comm_ = comm;
+    if (r == ncclInProgress || r == ncclSuccess) r = settle("ncclCommInitRankConfig", options.timeout);
+    if (r != ncclSuccess) {
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      TANDEM_THROW(Nccl, "nccl process group on rank ", rank, " of ", size, ": communicator setup failed: ",
+                   ncclGetErrorString(r), r == ncclInProgress ? " (timed out: a rank did not join)" : "");
+    }
+    start_monitor();
+  }
+
+  ~ProcessGroupNccl() override {
+    stop_monitor();
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_) {
+      ncclResult_t r = aborted_ ? ncclSuccess : ncclCommFinalize(comm_);
+      if (r == ncclInProgress) r = settle("ncclCommFinalize", std::chrono::seconds(30));
+      if (r != ncclSuccess) TANDEM_LOG_ERROR("ncclCommFinalize failed: ", ncclGetErrorString(r));
+      if (!aborted_) ncclCommDestroy(comm_);
+    }
+  }
+
+  std::string backend() const override { return "nccl"; }
+  Device device() const override { return device_; }
+
+ protected:
+  void check_tensor(const char* op, const Tensor& t) const override {
+    TANDEM_CHECK(t.device() == device_, Device, op, " on rank ", rank_, ": the nccl group of this rank runs on ",
+                 device_.str(), ", got ", t.str());
+  }
+
+  WorkPtr do_allreduce(const Call& c) override {
+    const ncclRedOp_t op = c.reduce == ReduceOp::Avg ? ncclAvg : ncclSum;
+    return launch(c, [&](cudaStream_t s) {
+      return ncclAllReduce(c.t.raw_data(), c.t.raw_data(), static_cast<size_t>(c.t.numel()), nccl_type(c.t.dtype()),
+                           op, comm_, s);
+    });
+  }
+  WorkPtr do_broadcast(const Call& c) override {
+    return launch(c, [&](cudaStream_t s) {
+      return ncclBroadcast(c.t.raw_data(), c.t.raw_data(), static_cast<size_t>(c.t.numel()), nccl_type(c.t.dtype()),
+                           c.peer, comm_, s);
+    });
+  }
+  WorkPtr do_allgather(const Call& c) override {
+    return launch(c, [&](cudaStream_t s) {
+      return ncclAllGather(c.t.raw_data(), c.other.raw_data(), static_cast<size_t>(c.t.numel()),
+                           nccl_type(c.t.dtype()), comm_, s);
+    });
+  }
+  WorkPtr do_reduce_scatter(const Call& c) override {
+    const ncclRedOp_t op = c.reduce == ReduceOp::Avg ? ncclAvg : ncclSum;
+    return launch(c, [&](cudaStream_t s) {
+      return ncclReduceScatter(c.t.raw_data(), c.other.raw_data(), static_cast<size_t>(c.other.numel()),
+                               nccl_type(c.t.dtype()), op, comm_, s);
+    });
+  }
+  WorkPtr do_send(const Call& c) override {
+    return launch(c, [&](cudaStream_t s) {
+      return ncclSend(c.t.raw_data(), static_cast<size_t>(c.t.numel()), nccl_type(c.t.dtype()), c.peer, comm_, s);
+    });
+  }
+  WorkPtr do_recv(const Call& c) override {
+    return launch(c, [&](cudaStream_t s) {
+      return ncclRecv(c.t.raw_data(), static_cast<size_t>(c.t.numel()), nccl_type(c.t.dtype()), c.peer, comm_, s);
+    });
+  }
+
+  void abort_engine() override {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_ && !aborted_) {
+      aborted_ = true;
+      ncclCommAbort(comm_);  // ends this communicator's kernels; its streams can drain
+    }
+  }
+
+  void poll_in_flight() override {
+    std::string failed;
+    bool timeout = false;
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      ncclResult_t async = ncclSuccess;
+      if (comm_ && !aborted_) ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        failed = std::string("NCCL reported ") + ncclGetErrorString(async);
+      } else if (!in_flight_.empty() && std::chrono::steady_clock::now() > in_flight_.front().deadline) {
+        failed = "timed out after " + std::to_string(options_.timeout.count() / 1000.0) + " s";
+        timeout = true;
+      }
+      if (!failed.empty() && !in_flight_.empty()) failed_call_ = in_flight_.front().call;
+    }
+    if (!failed.empty()) fail(failure_message(failed_call_, failed), timeout);
+  }
+
+ private:
+  // Waits, with a deadline, until a non-blocking communicator is no longer "in progress".
+  ncclResult_t settle(const char* what, Milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclInternalError;
+      if (state != ncclInProgress) break;
+      if (std::chrono::steady_clock::now() > deadline) return ncclInProgress;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    return state;
+  }
+
+  template <typename Enqueue>
+  WorkPtr launch(const Call& c, Enqueue enqueue) {
+    DeviceGuard guard(device_);
+    // Ordered after what the caller queued (the gradients the bucket holds, say).
+    Event ready;
+    ready.record(current_stream(device_));
+    ready.wait(comm_stream_);
+    auto done = std::make_shared<Event>();
+    ncclResult_t r = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      r = aborted_ ? ncclInvalidUsage : enqueue(static_cast<cudaStream_t>(comm_stream_.handle()));
+      if (r == ncclInProgress) r = settle(c.op, options_.timeout);
+      if (r == ncclSuccess) {
+        done->record(comm_stream_);
+        in_flight_.push_back({c, done, std::chrono::steady_clock::now() + options_.timeout});
+      }
+    }
+    if (r != ncclSuccess) {
+      check_healthy();  // aborted: the group's error says why
+      fail(failure_message(c, std::string("NCCL call failed: ") + ncclGetErrorString(r)), false);
+      check_healthy();
+    }
+    return std::make_shared<NcclWork>(this, done, c.other.defined() ? c.other : c.t);
+  }
+
+  struct InFlight {
+    Call call;
+    std::shared_ptr<Event> done;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  Device device_;
+  Stream comm_stream_;
+  std::mutex comm_mu_;  // the communicator and in_flight_ (the monitor and the caller use them)
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+  std::deque<InFlight> in_flight_;
+  Call failed_call_{"?", 0, Tensor(), Tensor()};
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
+                                              ProcessGroupOptions options) {
+  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+}
+
+#endif
+
+}  // namespace tandem::parallel::dist

@@ -1,0 +1,108 @@
+#pragma once
+// Reducer: the bucketing policy of a gradient allreduce, apart from what moves the bytes.
+//
+// Allreducing each gradient on its own pays a collective's fixed cost dozens of times per step;
+// allreducing one flat buffer after backward (FlatBuffer, the in-process trainer) pays it once
+// but waits for the whole backward first. The Reducer takes the middle road that PyTorch's
+// DistributedDataParallel takes (flashlight's CoalescingReducer is the same idea):
+//
+//   1. assign_buckets: parameters go into buckets in *reverse* registration order — backward
+//      produces the last layer's gradients first — each bucket up to a byte cap (25 MB; the
+//      first bucket 1 MB, so the first allreduce starts early);
+//   2. each bucket is one flat tensor and each parameter's .grad is a view into it, so
+//      backward accumulates straight into the buckets (no copy);
+//   3. a gradient hook per parameter counts the bucket down; the moment a bucket's last
+//      gradient is final, its reduction is launched — while backward goes on computing the
+//      earlier layers' gradients (overlap);
+//   4. buckets are launched strictly in bucket order, on every rank the same (a bucket that is
+//      ready early waits for the ones before it), which is what collective engines require;
+//   5. at the end of backward (autograd::queue_callback) what is left is launched and every
+//      reduction is waited for — stream-ordered on GPUs, so the optimizer step that follows
+//      runs after the reductions without the host ever waiting.
+//
+// How a bucket is reduced is the caller's: `launch(bucket, flat)` starts it and returns a
+// function that makes later work wait for it. DistributedDataParallel launches an allreduce
+// (average) on a process group; the same policy could drive an in-process Communicator.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::parallel {
+
+// Buckets of indices into `params`, in the order they are filled and launched. Walking params
+// from last to first, a bucket is closed before a parameter that would take it past its cap
+// (a parameter larger than the cap gets a bucket of its own) or that differs in dtype or
+// device. The first bucket's cap is first_cap_bytes, the others' cap_bytes. ValueError for a
+// cap < 1 or an undefined parameter.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& params, int64_t cap_bytes,
+                                                int64_t first_cap_bytes);
+
+class Reducer {
+ public:
+  using Wait = std::function<void()>;
+  // Starts reducing `flat` (bucket `bucket`) in place; returns what orders later work after it.
+  using Launch = std::function<Wait(size_t bucket, const Tensor& flat)>;
+
+  struct Options {
+    bool find_unused_parameters = false;  // a parameter without a gradient is then zero, not an error
+    bool overlap = true;  // false: launch every bucket after backward (for measuring the overlap)
+  };
+
+  // params: the trainable parameters (one device per bucket); names: for messages, one per
+  // parameter; buckets from assign_buckets. The parameters' .grad become bucket views.
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names, std::vector<std::vector<size_t>> buckets,
+          Launch launch, Options options);
+  ~Reducer();  // removes the hooks
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Before a forward whose backward should be reduced: attaches the bucket views as .grad
+  // again where something (zero_grad) cleared them, zeroing them — one fill per bucket when
+  // the whole bucket was cleared.
+  void prepare_for_backward();
+  // Off: backward accumulates into the buckets and reduces nothing (no_sync); the next synced
+  // backward reduces the sum.
+  void set_require_sync(bool on) { require_sync_ = on; }
+  bool require_sync() const { return require_sync_; }
+
+  size_t num_buckets() const { return buckets_.size(); }
+  const std::vector<size_t>& bucket_params(size_t b) const { return buckets_.at(b).params; }
+  const Tensor& bucket_flat(size_t b) const { return buckets_.at(b).flat; }
+  // How many backward passes have been reduced (for tests and traces).
+  int64_t reductions() const { return reductions_; }
+  // Called with (bucket, launched = true) before each launch and (bucket, false) after each
+  // wait — the trace hangs its spans here.
+  void set_observer(std::function<void(size_t bucket, bool launched)> fn) { observer_ = std::move(fn); }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    Tensor flat;                // [total] of the bucket's dtype, on its device
+    std::vector<Tensor> views;  // views[k]: params[k]'s gradient
+    size_t pending = 0;         // gradients not yet final in this backward
+    Wait wait;
+  };
+  void on_gradient(size_t param, const Tensor& grad);
+  void mark_ready(size_t param);
+  void launch_ready();
+  void finish_backward();
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_, slot_of_;  // per parameter
+  std::vector<char> ready_;                  // per parameter, this backward
+  std::vector<int> hook_ids_;
+  Launch launch_;
+  Options options_;
+  bool require_sync_ = true;
+  bool in_backward_ = false;
+  size_t next_bucket_ = 0;  // the next bucket to launch
+  int64_t reductions_ = 0;
+  std::function<void(size_t, bool)> observer_;
+};
+
+}  // namespace tandem::parallel
