@@ -195,27 +195,28 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
   os << c.str() << " on rank " << rank_ << " of " << size_ << ": " << reason;
   try {
     Store& root = root_store(*store_);
-    std::vector<std::string> missing;
+    // Dead ranks first (the store saw their connection drop without a goodbye); then live ranks
+    // whose published progress shows they never started this collective. A rank that has not
+    // published yet (progress goes out about once per monitor interval) is not accused.
+    std::vector<std::string> dead, behind;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      int64_t seen = 0;
-      if (store_->check({progress_key(r)})) seen = std::stoll(store_->get_string(progress_key(r)));
-      const bool dead = root.check({disconnect_key(r)});
-      if (seen <= static_cast<int64_t>(c.seq) || dead) {
-        std::string m = "rank " + std::to_string(r);
+      if (root.check({disconnect_key(r)})) {
+        dead.push_back(std::to_string(r));
+      } else if (store_->check({progress_key(r)})) {
+        const int64_t seen = std::stoll(store_->get_string(progress_key(r)));
         if (seen <= static_cast<int64_t>(c.seq)) {
-          m += seen == 0 ? " (no collective seen yet" : " (last seen at #" + std::to_string(seen - 1);
-          m += dead ? "; it disconnected from the store)" : ")";
-        } else {
-          m += " (it disconnected from the store)";
+          behind.push_back(std::to_string(r) + " (last seen at #" + std::to_string(seen - 1) + ")");
         }
-        missing.push_back(m);
       }
     }
-    if (!missing.empty()) {
-      os << "; did not arrive: ";
-      for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
-    }
+    auto join = [](const std::vector<std::string>& xs) {
+      std::string out;
+      for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + xs[i];
+      return out;
+    };
+    if (!dead.empty()) os << "; rank " << join(dead) << (dead.size() > 1 ? " are" : " is") << " gone (left the store without a goodbye)";
+    if (!behind.empty()) os << "; did not arrive: rank " << join(behind);
   } catch (const std::exception& e) {
     os << " (the store could not say which ranks are missing: " << e.what() << ")";
   }
@@ -240,7 +241,17 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor& t, const Te
     TANDEM_CHECK(peer >= 0 && peer < size_, Value, op, " on rank ", rank_, ": rank ", peer, " is not in [0, ",
                  size_, ")");
   }
-  Call c{op, p2p ? p2p_seq_++ : seq_++, t, other, reduce, peer};
+  // Point-to-point calls are numbered per peer and direction, so the k-th send from a to b
+  // pairs with the k-th recv of b from a whatever else either does in between.
+  uint64_t number = seq_;
+  if (p2p) {
+    auto& counts = std::string(op) == "send" ? sends_to_ : recvs_from_;
+    if (counts.empty()) counts.assign(static_cast<size_t>(size_), 0);
+    number = counts[static_cast<size_t>(peer)]++;
+  } else {
+    ++seq_;
+  }
+  Call c{op, number, t, other, reduce, peer};
   if (!p2p) {
     monitor_->started.store(seq_);
     if (size_ > 1 && c.seq < static_cast<uint64_t>(options_.fingerprint_collectives)) fingerprint(c);

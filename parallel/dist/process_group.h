@@ -22,8 +22,10 @@
 // store without saying goodbye. A collective that times out or whose peer died fails with
 // one message naming the collective, its sequence number, this rank and the ranks that did
 // not arrive:
-//   "allreduce #17 (float32 x 62006) on rank 1 of 2: timed out after 10 s; rank 0 did not
-//    arrive (last seen at #16; it disconnected from the store)"
+//   "allreduce #17 (float32 x 62006, avg) on rank 1 of 2: timed out after 600 s; did not
+//    arrive: rank 0 (last seen at #16)"
+//   "allreduce #4 (float32 x 2445, avg) on rank 0 of 3: ... Connection reset by peer; rank 1
+//    is gone (left the store without a goodbye)"
 // The first options.fingerprint_collectives collectives are checked across ranks through the
 // store (Note [collective fingerprints]): ranks that issue different collectives (a different
 // bucket layout, a missing call) get an error naming both sides instead of a hang or garbage.
@@ -154,7 +156,7 @@ class ProcessGroup {
   void monitor_loop();
 
   uint64_t seq_ = 0;
-  uint64_t p2p_seq_ = 0;
+  std::vector<uint64_t> sends_to_, recvs_from_;  // per peer: point-to-point calls so far
   struct Monitor;
   std::unique_ptr<Monitor> monitor_;
 };

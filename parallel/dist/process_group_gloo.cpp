@@ -104,6 +104,39 @@ class GlooWork : public Work {
   std::exception_ptr error_;
 };
 
+// A send or recv posted on an unbound buffer; wait() waits for it with the group's deadline.
+class GlooP2PWork : public Work {
+ public:
+  using Fail = std::function<std::exception_ptr(const std::string& reason, bool timeout)>;
+  GlooP2PWork(std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send, Milliseconds timeout, Fail fail)
+      : buf_(std::move(buf)), send_(send), timeout_(timeout), fail_(std::move(fail)) {}
+  void wait() override { synchronize(); }
+  void synchronize() override {
+    if (done_) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    done_ = true;
+    try {
+      const bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
+      if (!ok) error_ = fail_("timed out", true);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      error_ = fail_(what, what.find("imed out") != std::string::npos);
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override { return done_; }
+
+ private:
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  bool send_;
+  Milliseconds timeout_;
+  Fail fail_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
 // The element-wise sum Gloo calls, for our dtype.
 gloo::AllreduceOptions::Func sum_function(DType t) {
   switch (t) {
@@ -245,21 +278,11 @@ class ProcessGroupGloo final : public ProcessGroup {
     });
   }
 
-  WorkPtr do_send(const Call& c) override {
-    return enqueue(c, [this, c](gloo::Context& ctx) {
-      auto buf = ctx.createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
-      buf->send(c.peer, c.seq);
-      if (!buf->waitSend(options_.timeout)) throw std::runtime_error("send timed out");
-    });
-  }
-
-  WorkPtr do_recv(const Call& c) override {
-    return enqueue(c, [this, c](gloo::Context& ctx) {
-      auto buf = ctx.createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
-      buf->recv(c.peer, c.seq);
-      if (!buf->waitRecv(options_.timeout)) throw std::runtime_error("recv timed out");
-    });
-  }
+  // Point to point runs on the caller's thread, as in PyTorch: Gloo's unbound buffers are
+  // asynchronous, and a send queued behind a blocking collective thread would deadlock with the
+  // peer's matching recv queued behind its own send.
+  WorkPtr do_send(const Call& c) override { return p2p(c, true); }
+  WorkPtr do_recv(const Call& c) override { return p2p(c, false); }
 
  private:
   using Job = std::function<void(gloo::Context&)>;
@@ -273,6 +296,23 @@ class ProcessGroupGloo final : public ProcessGroup {
       case DType::Int64: o.setOutput(static_cast<int64_t*>(t.raw_data()), n); return;
       case DType::UInt8: o.setOutput(static_cast<uint8_t*>(t.raw_data()), n); return;
     }
+  }
+
+  WorkPtr p2p(const Call& c, bool send) {
+    auto buf = context_->createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
+    // Slots pair a send with its recv: the k-th point-to-point call of every rank.
+    if (send) buf->send(c.peer, c.seq);
+    else buf->recv(c.peer, c.seq);
+    return std::make_shared<GlooP2PWork>(std::move(buf), send, options_.timeout,
+                                         [this, c](const std::string& reason, bool timeout) {
+                                           fail(failure_message(c, reason), timeout);
+                                           try {
+                                             check_healthy();
+                                           } catch (...) {
+                                             return std::current_exception();
+                                           }
+                                           return std::exception_ptr();
+                                         });
   }
 
   // Collectives use sequence numbers as tags (distinct for every collective in flight).

@@ -1,0 +1,339 @@
+// One rank of a multi-process test, started by tandem-run (tests/dist/test_ddp.cpp). Each mode
+// checks something across real processes over Gloo and prints what the test reads:
+//
+//   collectives            allreduce/broadcast/allgather/reduce_scatter/send-recv/barrier with
+//                          closed-form results (rank r contributes r + 1), sizes tiny, odd, large
+//   ddp [--bn] [--steps S] [--batch B] [--bucket-mb M] [--no-overlap]
+//                          DDP training; rank 0 also trains the one-process reference on the
+//                          same global batches and prints "max_rel_err X"; every rank prints a
+//                          hash of its parameters ("params HASH")
+//   no-sync [--accum K]    K-1 micro-batches under no_sync, then one synced: equals one batch K
+//                          times larger
+//   unused [--find-unused] a model with a parameter the loss does not use
+//   mismatch               rank 1 builds a different model
+//   kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself at step S of a long run
+//
+// Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/generator.h"
+#include "nn/nn.h"
+#include "parallel/dist/ddp.h"
+#include "parallel/dist/process_group.h"
+
+using namespace tandem;
+using namespace tandem::parallel::dist;
+
+namespace {
+
+struct Flags {
+  std::vector<std::string> args;
+  bool on(const char* name) const {
+    for (const auto& a : args) if (a == name) return true;
+    return false;
+  }
+  long num(const char* name, long def) const {
+    for (size_t i = 0; i + 1 < args.size(); ++i) if (args[i] == name) return std::stol(args[i + 1]);
+    return def;
+  }
+};
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+// ---- collectives -------------------------------------------------------------------------
+
+void run_collectives(ProcessGroup& pg) {
+  const int r = pg.rank(), w = pg.size();
+  const double sum = w * (w + 1) / 2.0;  // sum of r + 1
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(65539)}) {
+    for (DType dt : {kFloat32, kFloat64, kInt64}) {
+      Tensor t = full({n}, r + 1, dt);
+      pg.allreduce(t)->wait();
+      for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "allreduce sum");
+    }
+    Tensor a = full({n}, r + 1, kFloat32);
+    pg.allreduce(a, parallel::dist::ReduceOp::Avg)->wait();
+    for (float v : a.to_vector<float>()) require(std::abs(v - sum / w) < 1e-6, "allreduce avg");
+
+    Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64);
+    pg.broadcast(b, w - 1)->wait();
+    for (double v : b.to_vector<double>()) require(v == 42.0, "broadcast");
+
+    Tensor in = full({n}, r + 1, kFloat32), out = zeros({n * w}, kFloat32);
+    pg.allgather(out, in)->wait();
+    auto g = out.to_vector<float>();
+    for (int64_t i = 0; i < n * w; ++i) require(g[size_t(i)] == float(i / n + 1), "allgather");
+
+    Tensor big = empty({n * w}, kFloat32), part = zeros({n}, kFloat32);
+    {
+      float* p = big.data<float>();
+      for (int64_t i = 0; i < n * w; ++i) p[i] = float((i / n) * 10 + r + 1);  // chunk c: 10c + r + 1
+    }
+    pg.reduce_scatter(part, big)->wait();
+    for (float v : part.to_vector<float>()) require(v == float(10 * r * w + sum), "reduce_scatter");
+  }
+  // A ring of sends: everyone passes its rank + 1 to the right.
+  if (w > 1) {
+    Tensor mine = full({5}, r + 1, kFloat32), got = zeros({5}, kFloat32);
+    auto s = pg.send(mine, (r + 1) % w);
+    auto v = pg.recv(got, (r + w - 1) % w);
+    s->wait();
+    v->wait();
+    for (float x : got.to_vector<float>()) require(x == float((r + w - 1) % w + 1), "send/recv");
+  }
+  pg.barrier();
+  std::printf("collectives ok (%llu collectives)\n", static_cast<unsigned long long>(pg.sequence_number()));
+}
+
+// ---- models and data -----------------------------------------------------------------------
+
+std::shared_ptr<nn::Module> make_net(uint64_t seed, bool bn, int64_t classes = 5) {
+  Generator gen(seed);
+  auto seq = std::make_shared<nn::Sequential>();
+  auto add = [&](std::shared_ptr<nn::Module> m) { seq->push_back(std::move(m)); };
+  add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen));
+  if (bn) add(std::make_shared<nn::BatchNorm2d>(4));
+  add(std::make_shared<nn::ReLU>());
+  add(std::make_shared<nn::Flatten>());
+  add(std::make_shared<nn::Linear>(4 * 6 * 6, 16, true, gen));
+  add(std::make_shared<nn::ReLU>());
+  add(std::make_shared<nn::Linear>(16, classes, true, gen));
+  return seq;
+}
+
+// The same global batches on every rank: [B, 1, 6, 6] and labels in [0, 5).
+std::vector<std::pair<Tensor, Tensor>> make_batches(int steps, int64_t batch) {
+  Generator gen(1234);
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (int s = 0; s < steps; ++s) {
+    Tensor x = randn({batch, 1, 6, 6}, kFloat32, kCPU, &gen);
+    std::vector<int64_t> y(static_cast<size_t>(batch));
+    for (auto& l : y) l = static_cast<int64_t>(gen.next_u64() % 5);
+    out.emplace_back(x, from_vector<int64_t>(y, {batch}));
+  }
+  return out;
+}
+
+// Rank r's rows of a global batch of B: contiguous, sizes differing by at most one.
+std::pair<int64_t, int64_t> shard(int64_t B, int r, int w) {
+  const int64_t base = B / w, extra = B % w;
+  const int64_t start = r * base + std::min<int64_t>(r, extra);
+  return {start, start + base + (r < extra ? 1 : 0)};
+}
+
+// The loss of this rank's shard, scaled so that the average over ranks of the gradients is the
+// gradient of the mean over the global batch (Note [loss scaling for uneven shards]).
+Tensor shard_loss(nn::Module& net, const Tensor& x, const Tensor& y, int64_t B, int w, double extra_scale = 1.0) {
+  Tensor loss = cross_entropy(net.forward(x), y);
+  const double scale = double(w) * double(x.size(0)) / double(B) * extra_scale;
+  return mul(loss, scale);
+}
+
+uint64_t params_hash(const nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+double max_rel_err(const nn::Module& a, const nn::Module& b) {
+  double worst = 0;
+  auto pa = a.parameters(), pb = b.parameters();
+  for (size_t k = 0; k < pa.size(); ++k) {
+    auto va = pa[k].to_vector<float>(), vb = pb[k].to_vector<float>();
+    double scale = 1;
+    for (float v : vb) scale = std::max(scale, double(std::abs(v)));
+    for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(double(va[i]) - vb[i]) / scale);
+  }
+  return worst;
+}
+
+// One process, the global batch: what DDP must reproduce. With BatchNorm every rank normalizes
+// its own shard (as in PyTorch's DDP), so the reference runs the shards one after the other
+// and accumulates — and, like DDP with broadcast_buffers, keeps rank 0's running statistics.
+void reference_step(nn::Module& net, nn::optim::Optimizer& opt, const Tensor& x, const Tensor& y, int w, bool bn) {
+  opt.zero_grad();
+  const int64_t B = x.size(0);
+  if (!bn) {
+    cross_entropy(net.forward(x), y).backward();
+  } else {
+    const auto buffers = net.buffers();
+    std::vector<Tensor> saved;
+    for (int r = 0; r < w; ++r) {
+      auto [s, e] = shard(B, r, w);
+      if (r > 0) {
+        saved.clear();
+        for (const Tensor& b : buffers) saved.push_back(b.clone());
+      }
+      shard_loss(net, x.slice(0, s, e), y.slice(0, s, e), B, w, 1.0 / w).backward();
+      if (r > 0) for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
+    }
+  }
+  opt.step();
+}
+
+void run_ddp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  ProcessGroup& pg = *group;
+  const bool bn = f.on("--bn");
+  const int steps = int(f.num("--steps", 4));
+  const int64_t B = f.num("--batch", 10);
+  const int r = pg.rank(), w = pg.size();
+  DistributedDataParallelOptions o;
+  o.bucket_cap_mb = double(f.num("--bucket-kb", 1)) / 1024.0;  // tiny buckets: several per model
+  o.first_bucket_cap_mb = o.bucket_cap_mb;
+  o.overlap = !f.on("--no-overlap");
+  DistributedDataParallel ddp(make_net(7 + r, bn), group, o);
+  nn::optim::SGD opt(ddp.parameters(), 0.1, 0.9);
+  auto batches = make_batches(steps, B);
+  for (const auto& [x, y] : batches) {
+    auto [s, e] = shard(B, r, w);
+    opt.zero_grad();
+    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    opt.step();
+  }
+  std::printf("buckets %zu\n", ddp.reducer().num_buckets());
+  std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(ddp.module())));
+  if (r == 0) {
+    auto ref = make_net(7, bn);
+    nn::optim::SGD ref_opt(ref->parameters(), 0.1, 0.9);
+    for (const auto& [x, y] : batches) reference_step(*ref, ref_opt, x, y, w, bn);
+    const double err = max_rel_err(ddp.module(), *ref);
+    std::printf("max_rel_err %.3g\n", err);
+    require(err <= 1e-5, "DDP parameters equal the one-process reference to 1e-5");
+  }
+}
+
+
+// K micro-batches of B, the first K-1 under no_sync: one update that equals one batch of K*B.
+void run_no_sync(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int K = int(f.num("--accum", 3));
+  const int64_t B = 8;
+  const int r = group->rank(), w = group->size();
+  DistributedDataParallel ddp(make_net(7 + r, false), group);
+  nn::optim::SGD opt(ddp.parameters(), 0.1);
+  auto micro = make_batches(K, B);
+  opt.zero_grad();
+  for (int k = 0; k < K; ++k) {
+    auto [s, e] = shard(B, r, w);
+    const Tensor x = micro[size_t(k)].first.slice(0, s, e), y = micro[size_t(k)].second.slice(0, s, e);
+    if (k + 1 < K) {
+      auto guard = ddp.no_sync();
+      shard_loss(ddp.module(), x, y, B, w, 1.0 / K).backward();
+    } else {
+      shard_loss(ddp.module(), x, y, B, w, 1.0 / K).backward();
+    }
+  }
+  require(ddp.reducer().reductions() == 1, "one reduction for K micro-batches");
+  opt.step();
+  std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(ddp.module())));
+  if (r == 0) {
+    std::vector<Tensor> xs, ys;
+    for (const auto& [x, y] : micro) {
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    auto ref = make_net(7, false);
+    nn::optim::SGD ref_opt(ref->parameters(), 0.1);
+    ref_opt.zero_grad();
+    cross_entropy(ref->forward(cat(xs, 0)), cat(ys, 0)).backward();
+    ref_opt.step();
+    const double err = max_rel_err(ddp.module(), *ref);
+    std::printf("max_rel_err %.3g\n", err);
+    require(err <= 1e-5, "no_sync accumulation equals one batch K times larger");
+  }
+}
+
+// A model whose second head the loss never uses.
+class TwoHeads : public nn::Cloneable<TwoHeads> {
+ public:
+  explicit TwoHeads(Generator& gen) {
+    used_ = register_module("used", std::make_shared<nn::Linear>(8, 4, true, gen));
+    unused_ = register_module("unused", std::make_shared<nn::Linear>(8, 4, true, gen));
+  }
+  TwoHeads(const TwoHeads& o) : nn::Cloneable<TwoHeads>(o), used_(child("used")), unused_(child("unused")) {}
+  std::string name() const override { return "TwoHeads"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return used_->forward(x); }
+
+ private:
+  std::shared_ptr<nn::Module> used_, unused_;
+};
+
+void run_unused(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  Generator gen(3);
+  DistributedDataParallelOptions o;
+  o.find_unused_parameters = f.on("--find-unused");
+  DistributedDataParallel ddp(std::make_shared<TwoHeads>(gen), group, o);
+  nn::optim::SGD opt(ddp.parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({4, 8}, kFloat32, kCPU, &gen);
+    Tensor y = from_vector<int64_t>({0, 1, 2, 3}, {4});
+    opt.zero_grad();
+    cross_entropy(ddp(x), y).backward();
+    opt.step();
+  }
+  std::printf("unused ok\n");
+}
+
+// Rank 1 builds its last layer with 6 outputs instead of 5.
+void run_mismatch(const std::shared_ptr<ProcessGroup>& group) {
+  DistributedDataParallel ddp(make_net(7, false, group->rank() == 1 ? 6 : 5), group);
+  std::printf("mismatch not detected\n");
+}
+
+// A long run in which one rank dies without a word at a given step.
+void run_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int kill_rank = int(f.num("--kill-rank", 1)), kill_step = int(f.num("--kill-step", 3));
+  const int r = group->rank(), w = group->size();
+  DistributedDataParallel ddp(make_net(7, false), group);
+  nn::optim::SGD opt(ddp.parameters(), 0.1);
+  auto batches = make_batches(4, 12);
+  for (int step = 0; step < 100000; ++step) {
+    if (r == kill_rank && step == kill_step) std::raise(SIGKILL);
+    const auto& [x, y] = batches[size_t(step % 4)];
+    auto [s, e] = shard(12, r, w);
+    opt.zero_grad();
+    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), 12, w).backward();
+    opt.step();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: tandem_dist_worker MODE [flags]\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  Flags f{std::vector<std::string>(argv + 2, argv + argc)};
+  int rank = -1;
+  try {
+    DistributedContext ctx = init_process_group("gloo", kCPU);
+    rank = ctx.env.rank;
+    if (mode == "collectives") run_collectives(*ctx.group);
+    else if (mode == "ddp") run_ddp(ctx.group, f);
+    else if (mode == "no-sync") run_no_sync(ctx.group, f);
+    else if (mode == "unused") run_unused(ctx.group, f);
+    else if (mode == "mismatch") run_mismatch(ctx.group);
+    else if (mode == "kill") run_kill(ctx.group, f);
+    else throw std::runtime_error("unknown mode " + mode);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", rank, e.what());
+    return 1;
+  }
+}
