@@ -1,0 +1,184 @@
+// The bucketing policy on its own, with a fake transport: bucket assignment, gradients as bucket
+// views, launches during backward and in bucket order, no_sync, unused parameters.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "catch.h"
+#include "core/generator.h"
+#include "helpers.h"
+#include "kernels/ops.h"
+#include "nn/nn.h"
+#include "parallel/reducer.h"
+
+using namespace tandem;
+using tandem::parallel::Reducer;
+using tandem::parallel::assign_buckets;
+
+namespace {
+
+std::vector<Tensor> floats(const std::vector<int64_t>& numels) {
+  std::vector<Tensor> ts;
+  for (int64_t n : numels) ts.push_back(zeros({n}, kFloat32));
+  return ts;
+}
+
+}  // namespace
+
+TEST_CASE("assign_buckets fills buckets in reverse order up to the caps", "[parallel][reducer]") {
+  // 4-byte floats: 10, 20, 30, 40 elements = 40, 80, 120, 160 bytes.
+  auto ps = floats({10, 20, 30, 40});
+  SECTION("one bucket when everything fits") {
+    CHECK(assign_buckets(ps, 1000, 1000) == std::vector<std::vector<size_t>>{{3, 2, 1, 0}});
+  }
+  SECTION("a small first bucket, then the cap") {
+    // first cap 200: 160 fits, +120 does not; then cap 200: 120 + 80 = 200 fits, +40 does not.
+    CHECK(assign_buckets(ps, 200, 200) == std::vector<std::vector<size_t>>{{3}, {2, 1}, {0}});
+    CHECK(assign_buckets(ps, 1000, 1) == std::vector<std::vector<size_t>>{{3}, {2, 1, 0}});
+  }
+  SECTION("a parameter larger than the cap gets a bucket of its own") {
+    CHECK(assign_buckets(ps, 1, 1) == std::vector<std::vector<size_t>>{{3}, {2}, {1}, {0}});
+  }
+  SECTION("a dtype change starts a bucket") {
+    std::vector<Tensor> mixed = {zeros({2}, kFloat32), zeros({2}, kFloat64), zeros({2}, kFloat64)};
+    CHECK(assign_buckets(mixed, 1000, 1000) == std::vector<std::vector<size_t>>{{2, 1}, {0}});
+  }
+  SECTION("bad caps are errors") {
+    CHECK(test::contains(test::error_message<ValueError>([&] { assign_buckets(ps, 0, 10); }), "caps must be"));
+  }
+}
+
+namespace {
+
+// An MLP whose reduction is recorded: launch(b) doubles the bucket (a stand-in for "sum over
+// two identical ranks") and logs when it ran.
+struct Fixture {
+  Generator gen{11};
+  std::shared_ptr<nn::Module> net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(6, 8, true, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(8, 8, true, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(8, 3, true, gen)});
+  std::vector<std::string> log;
+  int hooks_seen = 0;
+  std::unique_ptr<Reducer> reducer;
+
+  explicit Fixture(int64_t cap_bytes, Reducer::Options o = {}) {
+    std::vector<Tensor> params = net->parameters();
+    std::vector<std::string> names;
+    for (const auto& [name, p] : net->named_parameters()) names.push_back(name);
+    // Counts every gradient hook, registered before the reducer's, to see launches mid-backward.
+    for (const Tensor& p : params) p.register_grad_hook([this](const Tensor&) { ++hooks_seen; });
+    auto buckets = assign_buckets(params, cap_bytes, cap_bytes);
+    reducer = std::make_unique<Reducer>(
+        params, names, buckets,
+        [this](size_t b, const Tensor& flat) -> Reducer::Wait {
+          log.push_back("launch " + std::to_string(b) + " after " + std::to_string(hooks_seen) + " hooks");
+          kernels::axpby_(2.0, flat.clone(), 0.0, flat);
+          return [this, b] { log.push_back("wait " + std::to_string(b)); };
+        },
+        o);
+  }
+  Tensor loss() {
+    Generator g(5);
+    Tensor x = randn({4, 6}, kFloat32, kCPU, &g);
+    return cross_entropy(net->forward(x), from_vector<int64_t>({0, 1, 2, 1}, {4}));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Reducer launches each bucket during backward, in order, and waits at the end", "[parallel][reducer]") {
+  Fixture f(/*cap_bytes=*/40 * 4);  // small buckets: several for this net
+  const size_t nb = f.reducer->num_buckets();
+  REQUIRE(nb >= 3);
+  // The reference gradient, without a reducer.
+  Fixture plain(1 << 20);
+  plain.reducer.reset();
+  plain.net->zero_grad();
+  plain.loss().backward();
+
+  f.reducer->prepare_for_backward();
+  f.loss().backward();
+  REQUIRE(f.log.size() == 2 * nb);
+  for (size_t b = 0; b < nb; ++b) CHECK(test::contains(f.log[b], "launch " + std::to_string(b) + " "));
+  for (size_t b = 0; b < nb; ++b) CHECK(f.log[nb + b] == "wait " + std::to_string(b));
+  // Overlap: the first bucket went out before the last gradient was final.
+  CHECK(f.log[0] != "launch 0 after 6 hooks");
+  CHECK(f.reducer->reductions() == 1);
+  // .grad is the bucket view, reduced (doubled) in place.
+  const auto ps = f.net->parameters(), ref = plain.net->parameters();
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const Tensor g = ps[k].grad();
+    REQUIRE(g.defined());
+    bool in_a_bucket = false;
+    for (size_t b = 0; b < nb; ++b) in_a_bucket |= g.storage() == f.reducer->bucket_flat(b).storage();
+    CHECK(in_a_bucket);
+    CHECK(test::rel_error(g, kernels::binary(BinaryOp::Mul, ref[k].grad(), full(ref[k].shape(), 2.0))) < 1e-6);
+  }
+}
+
+TEST_CASE("Reducer with overlap off launches everything after backward", "[parallel][reducer]") {
+  Reducer::Options o;
+  o.overlap = false;
+  Fixture f(40 * 4, o);
+  f.reducer->prepare_for_backward();
+  f.loss().backward();
+  for (size_t b = 0; b < f.reducer->num_buckets(); ++b) CHECK(f.log[b] == "launch " + std::to_string(b) + " after 6 hooks");
+}
+
+TEST_CASE("Reducer: zero_grad, no_sync accumulation and unused parameters", "[parallel][reducer]") {
+  SECTION("zero_grad (set to none) then prepare_for_backward: views again, zeroed") {
+    Fixture f(1 << 20);
+    f.reducer->prepare_for_backward();
+    f.loss().backward();
+    f.net->zero_grad();
+    f.reducer->prepare_for_backward();
+    for (const Tensor& p : f.net->parameters()) {
+      REQUIRE(p.grad().defined());
+      CHECK(p.grad().storage() == f.reducer->bucket_flat(0).storage());
+      for (double v : test::values(p.grad())) CHECK(v == 0.0);
+    }
+  }
+  SECTION("no_sync: nothing launched, gradients accumulate; the next synced pass reduces the sum") {
+    Fixture f(1 << 20);
+    f.reducer->prepare_for_backward();
+    f.reducer->set_require_sync(false);
+    f.loss().backward();
+    f.loss().backward();
+    CHECK(f.log.empty());
+    f.reducer->set_require_sync(true);
+    f.reducer->prepare_for_backward();
+    f.loss().backward();
+    CHECK(f.reducer->reductions() == 1);
+    Fixture plain(1 << 20);
+    plain.reducer.reset();
+    plain.net->zero_grad();
+    plain.loss().backward();
+    const auto ps = f.net->parameters(), ref = plain.net->parameters();
+    // 3 passes accumulated, then doubled by the fake reduction.
+    for (size_t k = 0; k < ps.size(); ++k)
+      CHECK(test::rel_error(ps[k].grad(), kernels::binary(BinaryOp::Mul, ref[k].grad(), full(ref[k].shape(), 6.0))) < 1e-6);
+  }
+  SECTION("a parameter without a gradient is an error naming it, or zero with find_unused_parameters") {
+    for (bool find_unused : {false, true}) {
+      Reducer::Options o;
+      o.find_unused_parameters = find_unused;
+      Fixture f(1 << 20, o);
+      f.reducer->prepare_for_backward();
+      // Only the first layer takes part: the loss of its output alone.
+      Generator g(5);
+      Tensor x = randn({4, 6}, kFloat32, kCPU, &g);
+      Tensor loss = sum((*(*std::static_pointer_cast<nn::Sequential>(f.net))[0])(x));
+      if (!find_unused) {
+        const std::string msg = test::error_message<ValueError>([&] { loss.backward(); });
+        CHECK(test::contains(msg, "'2.weight'"));
+        CHECK(test::contains(msg, "find_unused_parameters"));
+      } else {
+        loss.backward();
+        CHECK(f.reducer->reductions() == 1);
+        for (double v : test::values(f.net->parameters().back().grad())) CHECK(v == 0.0);
+      }
+    }
+  }
+}
