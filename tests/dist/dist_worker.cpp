@@ -3,7 +3,7 @@
 //
 //   collectives            allreduce/broadcast/allgather/reduce_scatter/send-recv/barrier with
 //                          closed-form results (rank r contributes r + 1), sizes tiny, odd, large
-//   ddp [--bn] [--steps S] [--batch B] [--bucket-mb M] [--no-overlap]
+//   ddp [--bn] [--steps S] [--batch B] [--bucket-kb K] [--no-overlap] [--pause-ms P]
 //                          DDP training; rank 0 also trains the one-process reference on the
 //                          same global batches and prints "max_rel_err X"; every rank prints a
 //                          hash of its parameters ("params HASH")
@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -197,7 +198,9 @@ void run_ddp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   DistributedDataParallel ddp(make_net(7 + r, bn), group, o);
   nn::optim::SGD opt(ddp.parameters(), 0.1, 0.9);
   auto batches = make_batches(steps, B);
+  const long pause_ms = f.num("--pause-ms", 0);  // per step: keeps a job running for a while
   for (const auto& [x, y] : batches) {
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     auto [s, e] = shard(B, r, w);
     opt.zero_grad();
     shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
@@ -322,6 +325,7 @@ int main(int argc, char** argv) {
   Flags f{std::vector<std::string>(argv + 2, argv + argc)};
   int rank = -1;
   try {
+    rank = read_dist_env().rank;
     DistributedContext ctx = init_process_group("gloo", kCPU);
     rank = ctx.env.rank;
     if (mode == "collectives") run_collectives(*ctx.group);
