@@ -1,5 +1,6 @@
 #include "parallel/trace.h"
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -29,6 +30,23 @@ Trace::Trace(std::vector<Device> devices) : devices_(std::move(devices)) {
     origin_.emplace_back(true);
     origin_.back().record(current_stream(d));
   }
+}
+
+Trace::Trace(Device device, int pid, std::string name) : Trace(std::vector<Device>{device}) {
+  pid_ = pid;
+  name_ = std::move(name);
+  origin_host_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Trace::add(Device device, std::string name, std::string track, Event start, Event end) {
+  const size_t rank = rank_of(device);
+  std::lock_guard<std::mutex> lock(mu_);
+  Record& r = records_.emplace_back();
+  r.rank = rank;
+  r.name = std::move(name);
+  r.track = std::move(track);
+  r.start = std::move(start);
+  r.end = std::move(end);
 }
 
 size_t Trace::rank_of(Device d) const {
@@ -93,23 +111,24 @@ std::string Trace::json() const {
     first = false;
   };
   std::map<std::pair<size_t, std::string>, int> tids;  // (rank, track) -> tid
+  auto pid = [&](size_t r) { return pid_ >= 0 ? static_cast<size_t>(pid_) : r; };
   for (size_t r = 0; r < devices_.size(); ++r) {
     sep();
-    os << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << r
-       << ", \"args\": {\"name\": " << quoted(devices_[r].str()) << "}}";
+    os << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid(r)
+       << ", \"args\": {\"name\": " << quoted(pid_ >= 0 ? name_ : devices_[r].str()) << "}}";
   }
   for (const Record& rec : records_) {
     if (!rec.end.recorded()) continue;
     auto [it, inserted] = tids.try_emplace({rec.rank, rec.track}, static_cast<int>(tids.size()) + 1);
     if (inserted) {
       sep();
-      os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << rec.rank
+      os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid(rec.rank)
          << ", \"tid\": " << it->second << ", \"args\": {\"name\": " << quoted(rec.track) << "}}";
     }
-    const double start_us = 1000.0 * origin_[rec.rank].elapsed_ms(rec.start);
-    const double end_us = 1000.0 * origin_[rec.rank].elapsed_ms(rec.end);
+    const double start_us = origin_host_us_ + 1000.0 * origin_[rec.rank].elapsed_ms(rec.start);
+    const double end_us = origin_host_us_ + 1000.0 * origin_[rec.rank].elapsed_ms(rec.end);
     sep();
-    os << "{\"name\": " << quoted(rec.name) << ", \"ph\": \"X\", \"pid\": " << rec.rank
+    os << "{\"name\": " << quoted(rec.name) << ", \"ph\": \"X\", \"pid\": " << pid(rec.rank)
        << ", \"tid\": " << it->second << ", \"ts\": " << start_us
        << ", \"dur\": " << (end_us - start_us) << "}";
   }

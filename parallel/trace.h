@@ -33,6 +33,11 @@ class Trace {
  public:
   // Synchronizes the devices once and records a time origin on each.
   explicit Trace(std::vector<Device> devices);
+  // One process of a multi-process job: its device appears as pid `pid` named `name` ("rank 1
+  // cpu"), and times are microseconds of the host's monotonic clock, which every process of a
+  // machine shares — so the files of all ranks merge into one timeline by concatenating their
+  // events (bench/plot_trace.py does).
+  Trace(Device device, int pid, std::string name);
 
   // Records its end event when destroyed (or at end()).
   class Span {
@@ -54,6 +59,9 @@ class Trace {
   Span span(Device device, std::string name, std::string track = "compute");
   // A span on an explicit stream.
   Span span(Stream stream, std::string name, std::string track);
+  // A finished span from two events already recorded (timing enabled) on `device`, e.g. by a
+  // communication thread or stream that knows when its work really ran.
+  void add(Device device, std::string name, std::string track, Event start, Event end);
 
   // {"traceEvents": [...]}, times in microseconds from the trace's origin. Waits for the
   // events of finished spans; spans still open are left out.
@@ -68,6 +76,10 @@ class Trace {
 
   std::vector<Device> devices_;
   std::vector<Event> origin_;  // per device
+  // Multi-process form: pid and name of the one device, and the origin's host clock time.
+  int pid_ = -1;
+  std::string name_;
+  double origin_host_us_ = 0;
   mutable std::mutex mu_;
   std::deque<Record> records_;  // a deque: Span keeps a pointer, push_back must not move it
 };

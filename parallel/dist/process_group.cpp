@@ -199,17 +199,26 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
     // whose published progress shows they never started this collective. A rank that has not
     // published yet (progress goes out about once per monitor interval) is not accused.
     std::vector<std::string> dead, behind;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (root.check({disconnect_key(r)})) {
-        dead.push_back(std::to_string(r));
-      } else if (store_->check({progress_key(r)})) {
-        const int64_t seen = std::stoll(store_->get_string(progress_key(r)));
-        if (seen <= static_cast<int64_t>(c.seq)) {
-          behind.push_back(std::to_string(r) + " (last seen at #" + std::to_string(seen - 1) + ")");
+    // A peer's death can reach this rank through the engine (a closed connection) a moment
+    // before the store's server notices it: look again for a short while before giving up.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    do {
+      dead.clear();
+      behind.clear();
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (root.check({disconnect_key(r)})) {
+          dead.push_back(std::to_string(r));
+        } else if (store_->check({progress_key(r)})) {
+          const int64_t seen = std::stoll(store_->get_string(progress_key(r)));
+          if (seen <= static_cast<int64_t>(c.seq)) {
+            behind.push_back(std::to_string(r) + " (last seen at #" + std::to_string(seen - 1) + ")");
+          }
         }
       }
-    }
+      if (!dead.empty() || !behind.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < give_up);
     auto join = [](const std::vector<std::string>& xs) {
       std::string out;
       for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + xs[i];

@@ -29,6 +29,7 @@
 // The first options.fingerprint_collectives collectives are checked across ranks through the
 // store (Note [collective fingerprints]): ranks that issue different collectives (a different
 // bucket layout, a missing call) get an error naming both sides instead of a hang or garbage.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,10 @@
 #include "core/tensor.h"
 #include "parallel/dist/env.h"
 #include "parallel/dist/store.h"
+
+namespace tandem::parallel {
+class Trace;
+}
 
 namespace tandem::parallel::dist {
 
@@ -106,6 +111,11 @@ class ProcessGroup {
   WorkPtr send(const Tensor& t, int dst);
   WorkPtr recv(const Tensor& t, int src);
 
+  // From now on every collective adds a span ("allreduce #12") on the trace's "comm" track
+  // when it really ran (on the NCCL stream, or on Gloo's thread); nullptr stops. The trace must
+  // cover device() and outlive its use here.
+  void set_trace(Trace* trace) { trace_.store(trace); }
+
   // Throws the error that ended this group (a failed collective, a dead rank); no-op while
   // the group is healthy. Every collective calls it first.
   void check_healthy() const;
@@ -148,6 +158,7 @@ class ProcessGroup {
   std::shared_ptr<Store> store_;
   int rank_, size_;
   ProcessGroupOptions options_;
+  std::atomic<Trace*> trace_{nullptr};
 
  private:
   Call begin(const char* op, const Tensor& t, const Tensor& other = Tensor(), int peer = -1,

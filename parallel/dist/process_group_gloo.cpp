@@ -28,6 +28,8 @@
 #endif
 
 #include "core/error.h"
+#include "core/stream.h"
+#include "parallel/trace.h"
 
 namespace tandem::parallel::dist {
 
@@ -339,9 +341,17 @@ class ProcessGroupGloo final : public ProcessGroup {
         queue_.pop_front();
       }
       std::exception_ptr error;
+      Trace* trace = trace_.load();
+      Event start(true), end(true);
+      if (trace) start.record(Stream::default_stream(kCPU));
       try {
         check_healthy();
         item.job(*context_);
+        if (trace) {
+          end.record(Stream::default_stream(kCPU));
+          trace->add(kCPU, std::string(item.call.op) + " #" + std::to_string(item.call.seq), "comm", std::move(start),
+                     std::move(end));
+        }
       } catch (const Error&) {
         error = std::current_exception();
       } catch (const std::exception& e) {

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/stream.h"
+#include "parallel/trace.h"
 
 #ifdef TANDEM_WITH_NCCL
 #include <nccl.h>
@@ -205,6 +206,9 @@ class ProcessGroupNccl final : public ProcessGroup {
     ready.record(current_stream(device_));
     ready.wait(comm_stream_);
     auto done = std::make_shared<Event>();
+    Trace* trace = trace_.load();
+    Event start(true), end(true);
+    if (trace) start.record(comm_stream_);
     ncclResult_t r = ncclSuccess;
     {
       std::lock_guard<std::mutex> lock(comm_mu_);
@@ -212,6 +216,10 @@ class ProcessGroupNccl final : public ProcessGroup {
       if (r == ncclInProgress) r = settle(c.op, options_.timeout);
       if (r == ncclSuccess) {
         done->record(comm_stream_);
+        if (trace) {
+          end.record(comm_stream_);
+          trace->add(device_, std::string(c.op) + " #" + std::to_string(c.seq), "comm", std::move(start), std::move(end));
+        }
         in_flight_.push_back({c, done, std::chrono::steady_clock::now() + options_.timeout});
       }
     }

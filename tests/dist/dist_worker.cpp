@@ -3,6 +3,8 @@
 //
 //   collectives            allreduce/broadcast/allgather/reduce_scatter/send-recv/barrier with
 //                          closed-form results (rank r contributes r + 1), sizes tiny, odd, large
+// Every mode takes --nccl: the GPU LOCAL_RANK over NCCL instead of the CPU over Gloo
+// (collectives then needs CPU tensors: not with --nccl).
 //   ddp [--bn] [--steps S] [--batch B] [--bucket-kb K] [--no-overlap] [--pause-ms P]
 //                          DDP training; rank 0 also trains the one-process reference on the
 //                          same global batches and prints "max_rel_err X"; every rank prints a
@@ -44,6 +46,9 @@ struct Flags {
   }
 };
 
+// The rank's device: the CPU (gloo), or with --nccl the GPU LOCAL_RANK.
+Device g_device = kCPU;
+
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("check failed: " + what);
 }
@@ -55,34 +60,36 @@ void run_collectives(ProcessGroup& pg) {
   const double sum = w * (w + 1) / 2.0;  // sum of r + 1
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(65539)}) {
     for (DType dt : {kFloat32, kFloat64, kInt64}) {
-      Tensor t = full({n}, r + 1, dt);
+      Tensor t = full({n}, r + 1, dt, g_device);
       pg.allreduce(t)->wait();
       for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "allreduce sum");
     }
-    Tensor a = full({n}, r + 1, kFloat32);
+    Tensor a = full({n}, r + 1, kFloat32, g_device);
     pg.allreduce(a, parallel::dist::ReduceOp::Avg)->wait();
     for (float v : a.to_vector<float>()) require(std::abs(v - sum / w) < 1e-6, "allreduce avg");
 
-    Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64);
+    Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64, g_device);
     pg.broadcast(b, w - 1)->wait();
     for (double v : b.to_vector<double>()) require(v == 42.0, "broadcast");
 
-    Tensor in = full({n}, r + 1, kFloat32), out = zeros({n * w}, kFloat32);
+    Tensor in = full({n}, r + 1, kFloat32, g_device), out = zeros({n * w}, kFloat32, g_device);
     pg.allgather(out, in)->wait();
     auto g = out.to_vector<float>();
     for (int64_t i = 0; i < n * w; ++i) require(g[size_t(i)] == float(i / n + 1), "allgather");
 
-    Tensor big = empty({n * w}, kFloat32), part = zeros({n}, kFloat32);
+    Tensor host = empty({n * w}, kFloat32), part = zeros({n}, kFloat32, g_device);
     {
-      float* p = big.data<float>();
+      float* p = host.data<float>();
       for (int64_t i = 0; i < n * w; ++i) p[i] = float((i / n) * 10 + r + 1);  // chunk c: 10c + r + 1
     }
+    Tensor big = host.to(g_device);
     pg.reduce_scatter(part, big)->wait();
     for (float v : part.to_vector<float>()) require(v == float(10 * r * w + sum), "reduce_scatter");
   }
-  // A ring of sends: everyone passes its rank + 1 to the right.
-  if (w > 1) {
-    Tensor mine = full({5}, r + 1, kFloat32), got = zeros({5}, kFloat32);
+  // A ring of sends: everyone passes its rank + 1 to the right. (NCCL needs such a send and
+  // recv pair inside one group call, which the group does not offer yet.)
+  if (w > 1 && g_device.is_cpu()) {
+    Tensor mine = full({5}, r + 1, kFloat32, g_device), got = zeros({5}, kFloat32);
     auto s = pg.send(mine, (r + 1) % w);
     auto v = pg.recv(got, (r + w - 1) % w);
     s->wait();
@@ -117,7 +124,7 @@ std::vector<std::pair<Tensor, Tensor>> make_batches(int steps, int64_t batch) {
     Tensor x = randn({batch, 1, 6, 6}, kFloat32, kCPU, &gen);
     std::vector<int64_t> y(static_cast<size_t>(batch));
     for (auto& l : y) l = static_cast<int64_t>(gen.next_u64() % 5);
-    out.emplace_back(x, from_vector<int64_t>(y, {batch}));
+    out.emplace_back(x.to(g_device), from_vector<int64_t>(y, {batch}, g_device));
   }
   return out;
 }
@@ -210,6 +217,7 @@ void run_ddp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(ddp.module())));
   if (r == 0) {
     auto ref = make_net(7, bn);
+    ref->to(g_device);
     nn::optim::SGD ref_opt(ref->parameters(), 0.1, 0.9);
     for (const auto& [x, y] : batches) reference_step(*ref, ref_opt, x, y, w, bn);
     const double err = max_rel_err(ddp.module(), *ref);
@@ -248,6 +256,7 @@ void run_no_sync(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
       ys.push_back(y);
     }
     auto ref = make_net(7, false);
+    ref->to(g_device);
     nn::optim::SGD ref_opt(ref->parameters(), 0.1);
     ref_opt.zero_grad();
     cross_entropy(ref->forward(cat(xs, 0)), cat(ys, 0)).backward();
@@ -282,8 +291,8 @@ void run_unused(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   DistributedDataParallel ddp(std::make_shared<TwoHeads>(gen), group, o);
   nn::optim::SGD opt(ddp.parameters(), 0.1);
   for (int step = 0; step < 3; ++step) {
-    Tensor x = randn({4, 8}, kFloat32, kCPU, &gen);
-    Tensor y = from_vector<int64_t>({0, 1, 2, 3}, {4});
+    Tensor x = randn({4, 8}, kFloat32, kCPU, &gen).to(g_device);
+    Tensor y = from_vector<int64_t>({0, 1, 2, 3}, {4}, g_device);
     opt.zero_grad();
     cross_entropy(ddp(x), y).backward();
     opt.step();
@@ -325,8 +334,10 @@ int main(int argc, char** argv) {
   Flags f{std::vector<std::string>(argv + 2, argv + argc)};
   int rank = -1;
   try {
-    rank = read_dist_env().rank;
-    DistributedContext ctx = init_process_group("gloo", kCPU);
+    const DistEnv env = read_dist_env();
+    rank = env.rank;
+    if (f.on("--nccl")) g_device = Device::cuda(env.local_rank);
+    DistributedContext ctx = init_process_group(f.on("--nccl") ? "nccl" : "gloo", g_device);
     rank = ctx.env.rank;
     if (mode == "collectives") run_collectives(*ctx.group);
     else if (mode == "ddp") run_ddp(ctx.group, f);
