@@ -4,22 +4,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/generator.h"
 
 namespace tandem::data {
-
-namespace {
-
-// SplitMix64 finalizer: spreads (seed, epoch) over the whole 64-bit seed space so that
-// neighbouring seeds and epochs give unrelated mt19937_64 streams.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 DataLoader::DataLoader(const TensorDataset& dataset, DataLoaderOptions options)
     : options_(options) {
@@ -28,10 +14,59 @@ DataLoader::DataLoader(const TensorDataset& dataset, DataLoaderOptions options)
                options.batch_size);
   TANDEM_CHECK(options.batch_size <= n, Value, "DataLoader: batch_size ", options.batch_size,
                " is larger than the dataset (", n, " samples)");
+  if (const DistributedSampler* s = options.sampler.get()) {
+    TANDEM_CHECK(s->dataset_size() == n, Value, "DataLoader: the sampler is for ",
+                 s->dataset_size(), " samples but the dataset has ", n);
+    // A global batch smaller than the world would leave some rank without a sample in every
+    // step, not only in the last one.
+    TANDEM_CHECK(options.batch_size >= s->num_replicas(), Value, "DataLoader: batch_size ",
+                 options.batch_size, " (the global batch) is smaller than num_replicas ",
+                 s->num_replicas());
+  }
   check_device_exists(options.device);
   dataset_ = dataset.to(options.device);  // once: every batch is gathered on the device
-  num_batches_ = options.drop_last ? n / options.batch_size
-                                   : (n + options.batch_size - 1) / options.batch_size;
+  num_batches_ = global_batches();
+  // An unpadded sampler (evaluation) may leave this rank nothing in the last global batch;
+  // the rank then skips it. Only the last one can be short of num_replicas (batch_size >=
+  // num_replicas). A padded sampler keeps the count equal on all ranks instead.
+  const DistributedSampler* s = options.sampler.get();
+  if (s && !s->pad() && !s->drop_last() && num_batches_ > 0) {
+    const auto [first, last] = batch_range(num_batches_ - 1);
+    if (first == last) --num_batches_;
+  }
+}
+
+int64_t DataLoader::global_batches() const {
+  const int64_t total = options_.sampler ? options_.sampler->total_size() : size();
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? total / b : (total + b - 1) / b;
+}
+
+int64_t DataLoader::global_batch_rows(int64_t b) const {
+  TANDEM_CHECK(b >= 0 && b < global_batches(), Value, "DataLoader::global_batch_rows: batch ", b,
+               " outside [0, ", global_batches(), ")");
+  const int64_t total = options_.sampler ? options_.sampler->total_size() : size();
+  const int64_t start = b * options_.batch_size;
+  return std::min(start + options_.batch_size, total) - start;
+}
+
+int64_t DataLoader::batch_rows(int64_t b) const {
+  TANDEM_CHECK(b >= 0 && b < num_batches_, Value, "DataLoader::batch_rows: batch ", b,
+               " outside [0, ", num_batches_, ")");
+  const auto [first, last] = batch_range(b);
+  return last - first;
+}
+
+std::pair<int64_t, int64_t> DataLoader::batch_range(int64_t b) const {
+  const int64_t start = b * options_.batch_size;
+  const DistributedSampler* s = options_.sampler.get();
+  if (!s) return {start, std::min(start + options_.batch_size, size())};
+  // Note [global batches across ranks]: positions p of the epoch order in [start, end) with
+  // p = rank + j * R are entries j in [ceil((start - rank) / R), ceil((end - rank) / R)) of
+  // this rank's indices. Both numerators are > -R, so integer division is the ceiling.
+  const int64_t end = std::min(start + options_.batch_size, s->total_size());
+  const int64_t r = s->rank(), R = s->num_replicas();
+  return {(start - r + R - 1) / R, (end - r + R - 1) / R};
 }
 
 void DataLoader::set_epoch(int64_t e) {
@@ -40,16 +75,18 @@ void DataLoader::set_epoch(int64_t e) {
 }
 
 DataLoader::Iterator DataLoader::begin() {
-  const int64_t n = size();
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  if (options_.shuffle) {
-    // Note [epoch seeding]
-    Generator gen(mix64(options_.seed ^ mix64(static_cast<uint64_t>(epoch_))));
-    gen.permutation(order.data(), n);
+  std::vector<int64_t> order;
+  if (options_.sampler) {
+    // The sampler's epoch, as the user set it; see Note [global batches across ranks].
+    order = options_.sampler->indices();
+  } else if (options_.shuffle) {
+    order = epoch_permutation(size(), options_.seed, epoch_);  // Note [epoch seeding]
   } else {
-    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+    order.resize(static_cast<size_t>(size()));
+    for (int64_t i = 0; i < size(); ++i) order[static_cast<size_t>(i)] = i;
   }
   // One upload per epoch; batches are slices of it.
+  const auto n = static_cast<int64_t>(order.size());
   order_ = from_vector<int64_t>(order, {n}, options_.device);
   ++epoch_;
   return Iterator(this, 0);
@@ -59,9 +96,16 @@ Batch DataLoader::batch(int64_t b) const {
   TANDEM_CHECK(order_.defined(), Value, "DataLoader::batch: no epoch started (call begin())");
   TANDEM_CHECK(b >= 0 && b < num_batches_, Value, "DataLoader::batch: batch ", b, " outside [0, ",
                num_batches_, ")");
-  const int64_t start = b * options_.batch_size;
-  const int64_t end = std::min(start + options_.batch_size, size());
-  return dataset_.get(order_.slice(0, start, end));
+  const auto [first, last] = batch_range(b);
+  if (first == last) {
+    // A rank's empty shard of a short last batch: 0 rows of the right shape and dtype, without
+    // launching a gather over nothing.
+    Shape xs = dataset_.images().shape(), ys = dataset_.labels().shape();
+    xs[0] = ys[0] = 0;
+    return {Tensor(xs, dataset_.images().dtype(), options_.device),
+            Tensor(ys, dataset_.labels().dtype(), options_.device)};
+  }
+  return dataset_.get(order_.slice(0, first, last));
 }
 
 const Batch& DataLoader::Iterator::operator*() const {

@@ -10,16 +10,41 @@
 // tensor gathered with kernels::index_select on the device: no host synchronization per batch.
 //
 // Note [epoch seeding]: epoch k (0-based) is shuffled by a Generator seeded from
-// (options.seed, k), so epochs differ from each other, yet the same seed replays the same
-// sequence of epochs bit for bit, and set_epoch() resumes a run at any epoch.
+// (options.seed, k) -- epoch_permutation(N, seed, k) in distributed_sampler.h -- so epochs
+// differ from each other, yet the same seed replays the same sequence of epochs bit for bit,
+// set_epoch() resumes a run at any epoch, and a DistributedSampler with the same seed deals
+// out the very same order across ranks.
+//
+// Note [global batches across ranks]: with options.sampler set, batch_size is the *global*
+// batch, the same number as on one process. Global batch k covers positions [kB, (k+1)B) of
+// the sampler's epoch order (padded or truncated, total_size() entries); this rank's batch k
+// is the positions in that range congruent to its rank mod num_replicas, i.e. consecutive
+// entries of sampler->indices(). So the union of the ranks' batch k is the one-process batch
+// k (when N is a multiple of num_replicas; otherwise the last batch also holds the padding),
+// shard sizes within a global batch differ by at most one, and every rank gets the same
+// number of batches -- ceil(total_size / B), or floor with drop_last -- so no rank waits on a
+// step the others never take. When B is not a multiple of num_replicas, the last global
+// batch can leave a rank with an empty shard (a Batch of 0 rows); use global_batch_rows() to
+// scale a summed loss by the global batch, not by the local rows. With a sampler built with
+// pad = false (evaluation) a rank whose shard of the last batch is empty simply has one batch
+// fewer: every sample is then seen exactly once over all ranks.
+//
+// The loader reads the sampler's epoch at each begin() and never changes it: call
+// sampler->set_epoch(e) yourself every epoch, as in PyTorch (forgetting it repeats the same
+// order every epoch); DataLoader::set_epoch() only moves the loader's own counter.
+// options.shuffle and options.seed are not used with a sampler: the sampler's own shuffle and
+// seed decide the order.
 //
 // A DataLoader is not thread-safe. Each begin() starts a new epoch, so iterate it with a
 // range-for (or one explicit begin()), not with algorithms that call begin() twice.
 #include <cstdint>
 #include <iterator>
+#include <memory>
+#include <utility>
 
 #include "core/device.h"
 #include "data/dataset.h"
+#include "data/distributed_sampler.h"
 
 namespace tandem::data {
 
@@ -29,11 +54,16 @@ struct DataLoaderOptions {
   bool drop_last = false;   // drop the final batch when it is smaller than batch_size
   uint64_t seed = 0;        // see Note [epoch seeding]
   Device device = kCPU;     // where the data and batches live
+  // One rank's shard of a multi-process job (null: the whole dataset). Its dataset_size must
+  // be the dataset's; batch_size is then the global batch and must be at least num_replicas.
+  // See Note [global batches across ranks].
+  std::shared_ptr<DistributedSampler> sampler;
 };
 
 class DataLoader {
  public:
-  // Throws ValueError when batch_size is < 1 or larger than the dataset.
+  // Throws ValueError when batch_size is < 1 or larger than the dataset, or (with a sampler)
+  // below num_replicas or when the sampler is for a dataset of another size.
   DataLoader(const TensorDataset& dataset, DataLoaderOptions options);
 
   class Iterator {
@@ -66,23 +96,35 @@ class DataLoader {
   // Batch b of the current epoch (0 <= b < num_batches()); begin() must have been called.
   Batch batch(int64_t b) const;
 
-  int64_t num_batches() const { return num_batches_; }  // per epoch
-  int64_t size() const { return dataset_.size(); }      // samples in the dataset
+  // Batches per epoch; with a sampler the same on every rank, unless the sampler was built
+  // with pad = false (then some ranks may have one less).
+  int64_t num_batches() const { return num_batches_; }
+  // Rows of batch b on this rank, and of global batch b over all ranks (the same without a
+  // sampler); no device access.
+  int64_t batch_rows(int64_t b) const;
+  int64_t global_batch_rows(int64_t b) const;
+  int64_t size() const { return dataset_.size(); }  // samples in the dataset
   // Epochs started so far; the current one (while iterating) is epoch() - 1.
   int64_t epoch() const { return epoch_; }
   // The next begin() starts epoch e (0-based), e.g. to resume a run.
   void set_epoch(int64_t e);
   const DataLoaderOptions& options() const { return options_; }
   const TensorDataset& dataset() const { return dataset_; }  // on options().device
-  // The current epoch's sample order, int64 [N] on options().device.
+  // The current epoch's sample order, int64 [N] on options().device; with a sampler this
+  // rank's indices, int64 [sampler->num_samples()].
   const Tensor& order() const { return order_; }
 
  private:
+  // This rank's positions [first, last) in order_ for batch b (the whole batch without a
+  // sampler).
+  std::pair<int64_t, int64_t> batch_range(int64_t b) const;
+  int64_t global_batches() const;  // ceil or floor of (epoch length / batch_size)
+
   TensorDataset dataset_;
   DataLoaderOptions options_;
   int64_t num_batches_ = 0;
   int64_t epoch_ = 0;
-  Tensor order_;  // int64 [N]
+  Tensor order_;  // int64 [N], or [num_samples] with a sampler
 };
 
 }  // namespace tandem::data

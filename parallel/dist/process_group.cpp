@@ -44,7 +44,7 @@ Store& root_store(Store& s) {
   return *cur;
 }
 
-std::string disconnect_key(int rank) { return "tandem/disconnected/" + std::to_string(rank); }
+std::string disconnect_key(int rank) { return store_disconnected_key(rank); }
 std::string progress_key(int rank) { return "pg/progress/" + std::to_string(rank); }
 const char* kAbortKey = "pg/abort";
 

@@ -11,6 +11,15 @@
 //     second job started on the same port) is refused with a DistError on *its* side, and the
 //     server's data is untouched.
 //
+// Disconnect tracking: when a client that said hello with a rank >= 0 closes its connection
+// without saying goodbye (the destructor does; a crash, a kill or an exit without unwinding
+// does not), the server sets store_disconnected_key(rank) = "1". Every other rank can then
+// name the dead rank in its error message instead of waiting for it until a timeout.
+//
+// Threads: a TCPStore may be shared by the threads of a process. Each request takes a
+// connection of its own from a small pool (one more is opened when all are busy), so a thread
+// blocked in get or wait does not hold up the others.
+//
 // Every blocking call has a deadline (the store's timeout unless given) and its error names
 // the address, this rank and the key it was waiting for:
 //   "store 127.0.0.1:29500 (rank 1): timed out after 30 s waiting for key 'nccl/id'"
@@ -96,6 +105,10 @@ class TCPStore : public Store {
   std::unique_ptr<Server> server_;  // master only
   std::unique_ptr<Client> client_;
 };
+
+// "tandem/disconnected/<rank>": set by the server when that rank's connection drops without a
+// goodbye (see the TCPStore comment above).
+std::string store_disconnected_key(int rank);
 
 // Every key of `store` under "prefix/": lets independent users (a process group, a barrier,
 // Gloo's rendezvous) share one store without their keys colliding.

@@ -1,0 +1,133 @@
+// The NCCL process group and DDP over it. One GPU: a world-size-1 group in this process
+// (collectives, DDP training equal to plain training). Two GPUs: two processes started by
+// tandem-run, the same checks as over Gloo; skipped with a message on fewer GPUs.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "autograd/ops.h"
+#include "catch.h"
+#include "core/generator.h"
+#include "helpers.h"
+#include "nn/models/lenet.h"
+#include "nn/nn.h"
+#include "parallel/dist/ddp.h"
+#include "parallel/dist/process_group.h"
+
+using namespace tandem;
+using namespace tandem::parallel::dist;
+
+namespace {
+
+// A one-rank job in this process: a store on a free port and a group of one.
+struct OneRank {
+  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<ProcessGroup> group;
+  explicit OneRank(const std::string& backend) {
+    TCPStoreOptions o;
+    o.is_master = true;
+    o.rank = 0;
+    o.timeout = std::chrono::seconds(20);
+    o.job_id = "test";
+    store = std::make_shared<TCPStore>("127.0.0.1", 0, o);
+    group = new_process_group(backend, std::make_shared<PrefixStore>("pg", store), 0, 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda][dist]") {
+  TANDEM_REQUIRE_CUDA();
+#ifndef TANDEM_WITH_NCCL
+  WARN("tandem built without NCCL: skipped");
+  return;
+#endif
+  DeviceGuard guard(Device::cuda(0));
+  OneRank job("nccl");
+  ProcessGroup& pg = *job.group;
+  CHECK(pg.backend() == "nccl");
+  CHECK(pg.device() == Device::cuda(0));
+  for (int64_t n : {int64_t(1), int64_t(1001), int64_t(1) << 20}) {
+    Tensor t = rand({n}, kFloat32, Device::cuda(0));
+    Tensor before = t.clone();
+    pg.allreduce(t)->wait();
+    CHECK(test::rel_error(t, before) == 0.0);
+    pg.allreduce(t, parallel::dist::ReduceOp::Avg)->wait();
+    CHECK(test::rel_error(t, before) == 0.0);
+    Tensor out = zeros({n}, kFloat32, Device::cuda(0));
+    pg.allgather(out, t)->wait();
+    CHECK(test::rel_error(out, before) == 0.0);
+    Tensor part = zeros({n}, kFloat32, Device::cuda(0));
+    pg.reduce_scatter(part, t)->synchronize();
+    CHECK(test::rel_error(part, before) == 0.0);
+    pg.broadcast(t, 0)->wait();
+    CHECK(test::rel_error(t, before) == 0.0);
+  }
+  pg.barrier();
+  // CPU tensors belong to gloo.
+  CHECK(test::contains(test::error_message<DeviceError>([&] { pg.allreduce(zeros({4}))->wait(); }), "cuda:0"));
+}
+
+TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU parameters", "[cuda][dist][ddp]") {
+  TANDEM_REQUIRE_CUDA();
+#ifndef TANDEM_WITH_NCCL
+  WARN("tandem built without NCCL: skipped");
+  return;
+#endif
+  const Device gpu = Device::cuda(0);
+  DeviceGuard guard(gpu);
+  OneRank job("nccl");
+  auto build = [] {
+    Generator gen(3);
+    return nn::models::lenet({}, gen);
+  };
+  auto plain = build();
+  plain->to(gpu);
+  DistributedDataParallelOptions o;
+  o.bucket_cap_mb = 0.05;  // several buckets for LeNet's 62k parameters
+  o.first_bucket_cap_mb = 0.01;
+  DistributedDataParallel ddp(build(), job.group, o);
+  REQUIRE(ddp.reducer().num_buckets() >= 3);
+  nn::optim::SGD opt_plain(plain->parameters(), 0.5, 0.9), opt_ddp(ddp.parameters(), 0.5, 0.9);
+  Generator data(9);
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = randn({32, 1, 28, 28}, kFloat32, kCPU, &data).to(gpu);
+    std::vector<int64_t> labels(32);
+    for (auto& l : labels) l = static_cast<int64_t>(data.next_u64() % 10);
+    Tensor y = from_vector<int64_t>(labels, {32}, gpu);
+    opt_plain.zero_grad();
+    cross_entropy((*plain)(x), y).backward();
+    opt_plain.step();
+    opt_ddp.zero_grad();
+    cross_entropy(ddp(x), y).backward();
+    opt_ddp.step();
+  }
+  CHECK(ddp.reducer().reductions() == 5);
+  const auto a = plain->parameters(), b = ddp.parameters();
+  for (size_t k = 0; k < a.size(); ++k) CHECK(test::rel_error(b[k], a[k]) < 1e-5);
+}
+
+#if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH)
+TEST_CASE("DDP over NCCL on two GPUs, one process each, equals one process", "[cuda][dist][ddp]") {
+  TANDEM_REQUIRE_CUDA();
+  if (cuda_device_count() < 2) {
+    WARN("fewer than 2 GPUs: the two-process NCCL tests need two GPUs (NCCL refuses two ranks on one GPU); skipped");
+    return;
+  }
+  for (const std::string args : {"ddp --nccl --steps 4 --batch 10", "ddp --nccl --bn --steps 5 --batch 11",
+                                  "no-sync --nccl --accum 3", "collectives --nccl"}) {
+    const std::string cmd = std::string("TANDEM_DIST_TIMEOUT=60 ") + TANDEM_RUN_PATH +
+                            " --standalone --nproc-per-node 2 --grace-seconds 1 " + TANDEM_DIST_WORKER_PATH + " " + args +
+                            " > nccl_out.txt 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f("nccl_out.txt");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    INFO(args << "\n" << ss.str());
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+#endif
