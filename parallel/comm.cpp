@@ -1,6 +1,7 @@
 #include "parallel/comm.h"
 
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "parallel/device_api.h"
 
 namespace tandem::parallel {
@@ -23,6 +24,18 @@ void Communicator::check_tensors(const char* op, const std::vector<Tensor>& ts) 
                  shape_str(ts[i].shape()), " but tensor 0 is ", shape_str(ts[0].shape()));
     TANDEM_CHECK(ts[i].dtype() == ts[0].dtype(), DType, op, " (", name(), "): tensor ", i, " is ",
                  dtype_name(ts[i].dtype()), " but tensor 0 is ", dtype_name(ts[0].dtype()));
+  }
+}
+
+void Communicator::reduce_sum(const std::vector<Tensor>& ts, size_t root) {
+  check_tensors("reduce_sum", ts);
+  check_root("reduce_sum", root);
+  const Device home = devices_[root];
+  DeviceGuard guard(home);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (i == root) continue;
+    Tensor incoming = ts[i].to(home);  // [same shape] on the root's device
+    kernels::binary_(BinaryOp::Add, ts[root], incoming);
   }
 }
 

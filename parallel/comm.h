@@ -6,6 +6,8 @@
 //   - allreduce_sum(ts): ts[i] lives on devices()[i]; all have the same shape and dtype.
 //     Afterwards every ts[i] holds the elementwise sum over i. In place.
 //   - broadcast(ts, root): afterwards every ts[i] holds ts[root]'s values.
+//   - reduce_sum(ts, root): afterwards ts[root] holds the sum; the others are unspecified
+//     (DataParallel's backward: the replicas' gradients summed onto the main device).
 //   - Stream-ordered: the operation runs after the work already queued on the *calling
 //     thread's* current stream of each device, and work queued there afterwards sees the
 //     result. Nothing synchronizes the host (on virtual CPU devices everything is simply
@@ -38,6 +40,9 @@ class Communicator {
 
   virtual void allreduce_sum(const std::vector<Tensor>& tensors) = 0;
   virtual void broadcast(const std::vector<Tensor>& tensors, size_t root) = 0;
+  // The default copies every other tensor to the root's device and adds it there (the first
+  // half of the naive allreduce); NCCL overrides it with ncclReduce.
+  virtual void reduce_sum(const std::vector<Tensor>& tensors, size_t root);
   virtual std::string name() const = 0;
 
   const std::vector<Device>& devices() const { return devices_; }
@@ -83,6 +88,7 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override;  // destroys the communicators (errors are only logged)
   void allreduce_sum(const std::vector<Tensor>& tensors) override;
   void broadcast(const std::vector<Tensor>& tensors, size_t root) override;
+  void reduce_sum(const std::vector<Tensor>& tensors, size_t root) override;
   std::string name() const override { return "nccl"; }
 
  private:

@@ -8,12 +8,7 @@ namespace tandem::parallel {
 void NaiveCommunicator::allreduce_sum(const std::vector<Tensor>& ts) {
   check_tensors("allreduce_sum", ts);
   if (ts.size() == 1) return;
-  const Device root = devices()[0];
-  DeviceGuard guard(root);
-  for (size_t i = 1; i < ts.size(); ++i) {
-    Tensor incoming = ts[i].to(root);  // [same shape] on device 0
-    kernels::binary_(BinaryOp::Add, ts[0], incoming);
-  }
+  reduce_sum(ts, 0);  // everything to device 0, added there
   for (size_t i = 1; i < ts.size(); ++i) ts[i].copy_(ts[0]);
 }
 

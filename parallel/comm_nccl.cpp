@@ -105,6 +105,22 @@ void NcclCommunicator::broadcast(const std::vector<Tensor>& ts, size_t root) {
   for (size_t i = 0; i < ts.size(); ++i) copy_back_if_needed(ts[i], flat[i]);
 }
 
+void NcclCommunicator::reduce_sum(const std::vector<Tensor>& ts, size_t root) {
+  check_tensors("reduce_sum", ts);
+  check_root("reduce_sum", root);
+  if (ts.size() == 1 || ts[0].numel() == 0) return;
+  std::vector<Tensor> flat;
+  for (const Tensor& t : ts) flat.push_back(flat_view(t));
+  const ncclDataType_t type = nccl_type(ts[0].dtype());
+  const size_t count = static_cast<size_t>(ts[0].numel());
+  group_call("reduce", ts.size(), [&](size_t i) {
+    void* buf = flat[i].raw_data();
+    return ncclReduce(buf, buf, count, type, ncclSum, static_cast<int>(root), as_comm(comms_[i]),
+                      current_cuda_stream(devices()[i]));
+  });
+  copy_back_if_needed(ts[root], flat[root]);
+}
+
 #else  // built without NCCL
 
 NcclCommunicator::NcclCommunicator(std::vector<Device> devices)
@@ -117,6 +133,7 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices)
 NcclCommunicator::~NcclCommunicator() = default;
 void NcclCommunicator::allreduce_sum(const std::vector<Tensor>&) {}
 void NcclCommunicator::broadcast(const std::vector<Tensor>&, size_t) {}
+void NcclCommunicator::reduce_sum(const std::vector<Tensor>&, size_t) {}
 
 #endif
 

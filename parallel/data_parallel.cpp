@@ -22,7 +22,8 @@ namespace {
 //   1. runs the n replica backwards at once, one per worker, each into a fresh FlatBuffer
 //      attached to its replica's parameters (the device-0 replica's parameters are leaves of
 //      their own sharing the main module's storage, so nothing touches the main .grad yet);
-//   2. sums the n buffers on devices[0]: n-1 stream-ordered copies and adds;
+//   2. sums the n buffers onto devices[0] with the communicator's reduce_sum (stream-ordered:
+//      NCCL's ncclReduce, or copies and adds);
 //   3. returns per-parameter views of that sum as the gradients of the main module's
 //      parameters (the engine's AccumulateGrad adds them into .grad and fires the hooks once,
 //      with the final gradient) and the replicas' input-leaf gradients for the shards.
@@ -63,9 +64,9 @@ struct ReplicasBackward : autograd::Node {
     autograd::TensorList result;
     if (num_params > 0) {
       DeviceGuard device(root);
-      for (size_t r = 1; r < n; ++r) {
-        kernels::binary_(BinaryOp::Add, bufs[0].flat(), bufs[r].flat().to(root));
-      }
+      std::vector<Tensor> flats;
+      for (const FlatBuffer& b : bufs) flats.push_back(b.flat());
+      state->comm->reduce_sum(flats, 0);
       result = bufs[0].views();
     }
     for (const auto& leaves : input_leaves) {
@@ -92,7 +93,7 @@ void copy_state(const std::vector<Tensor>& src, const Tensor& src_flat, const st
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
-                           std::optional<Device> output_device)
+                           std::optional<Device> output_device, const std::string& comm)
     : module_(std::move(module)), devices_(std::move(devices)) {
   TANDEM_CHECK(module_ != nullptr, Value, "DataParallel: null module");
   check_device_list(devices_, "DataParallel");
@@ -100,6 +101,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   check_device_exists(output_device_);
   enable_peer_access(devices_);
   state_ = std::make_shared<State>(devices_);
+  const std::string comm_name =
+      !comm.empty() ? comm : (devices_[0].is_cuda() && nccl_available() ? "nccl" : "naive");
+  state_->comm = make_communicator(comm_name, devices_);
   state_->replicas = replicate(module_, devices_);
   State& s = *state_;
   s.params_flat = try_coalesce(module_->parameters());

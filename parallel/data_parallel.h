@@ -39,9 +39,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
+#include "parallel/comm.h"
 #include "parallel/replicate.h"
 #include "parallel/workers.h"
 
@@ -50,9 +52,11 @@ namespace tandem::parallel {
 class DataParallel {
  public:
   // module is moved to devices[0]; output_device (any existing device) defaults to
-  // devices[0]. Throws for an invalid device list or a null module.
+  // devices[0]. Backward sums the replicas' gradients onto devices[0] with comm's reduce_sum
+  // ("naive", "ring" or "nccl"; empty: nccl on GPUs where tandem has it, else naive). Throws
+  // for an invalid device list, a null module or a communicator that cannot run there.
   DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
-               std::optional<Device> output_device = std::nullopt);
+               std::optional<Device> output_device = std::nullopt, const std::string& comm = "");
 
   // x [B, ...] on any device; B >= number of devices (ValueError naming both otherwise).
   Tensor forward(const Tensor& x);
@@ -84,6 +88,7 @@ class DataParallel {
   Device output_device() const { return output_device_; }
   const Replicas& replicas() const { return state_->replicas; }
   DeviceWorkers& workers() { return state_->workers; }
+  Communicator& communicator() { return *state_->comm; }
   // Shard sizes of the latest forward / replica_losses call.
   const std::vector<int64_t>& last_sizes() const { return last_sizes_; }
 
@@ -91,6 +96,7 @@ class DataParallel {
   struct State {
     explicit State(const std::vector<Device>& devices) : workers(devices) {}
     DeviceWorkers workers;
+    std::unique_ptr<Communicator> comm;  // sums the replicas' gradients in backward
     Replicas replicas;  // [shallow_replica(module) on devices[0], clones on the others]
     // Note [coalesced replica state]: the module's parameters, and separately its buffers, live
     // in one flat tensor each (coalesce() in replicate.h), and so do every other replica's: the

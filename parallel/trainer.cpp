@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "parallel/device_api.h"
+#include "parallel/parallel_apply.h"
 #include "parallel/scatter.h"
 
 namespace tandem::parallel {
@@ -58,8 +59,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
   // exactly the gradient of the mean loss over the global batch, as one device would compute
   // it, also when B is not a multiple of the device count. (Averaging the replicas' gradients
   // instead would weight the rows of a smaller shard more.)
-  std::vector<Tensor> losses(n);
-  workers_.run([&](size_t r) {
+  std::vector<Tensor> losses = parallel_apply(workers_, [&](size_t r) {
     std::optional<Trace::Span> span;
     if (trace_) span = trace_->span(devices_[r], "forward+backward");
     grads_[r].zero_();
@@ -68,8 +68,8 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
     Tensor loss = mul(cross_entropy(logits, ys[r]), double(sizes[r]) / double(batch));
     loss.backward();
     grads_[r].collect();
-    losses[r] = loss.detach();
     kernels::count_correct(logits.detach(), ys[r], correct_[r]);
+    return loss.detach();
   });
 
   // 4. One allreduce for the whole model, on the devices' current streams.

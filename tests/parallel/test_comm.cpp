@@ -67,7 +67,35 @@ void check_broadcast(Communicator& comm, Generator& gen) {
   }
 }
 
+// reduce_sum onto every root in turn: device i filled with i + 1, the root gets n(n+1)/2.
+void check_reduce(Communicator& comm) {
+  const size_t n = comm.size();
+  for (size_t root = 0; root < n; ++root) {
+    for (int64_t numel : {int64_t(1), int64_t(1001)}) {
+      std::vector<Tensor> ts;
+      for (size_t i = 0; i < n; ++i) ts.push_back(full({numel}, double(i + 1), kFloat32, comm.devices()[i]));
+      comm.reduce_sum(ts, root);
+      INFO(comm.name() << " root " << root << " numel " << numel);
+      for (double x : values(ts[root])) CHECK(x == double(n * (n + 1) / 2));
+    }
+  }
+  std::vector<Tensor> ts;
+  for (size_t i = 0; i < n; ++i) ts.push_back(zeros({3}, kFloat32, comm.devices()[i]));
+  CHECK(contains(error_message<ValueError>([&] { comm.reduce_sum(ts, n); }), "root"));
+}
+
 }  // namespace
+
+TEST_CASE("reduce_sum onto any root on virtual CPU devices", "[parallel]") {
+  for (size_t n : {size_t(1), size_t(2), size_t(3)}) {
+    std::vector<Device> devices;
+    for (size_t i = 0; i < n; ++i) devices.push_back(Device::cpu(int(i)));
+    for (const std::string& name : {"naive", "ring"}) {
+      auto comm = make_communicator(name, devices);
+      check_reduce(*comm);
+    }
+  }
+}
 
 TEST_CASE("allreduce_sum and broadcast on virtual CPU devices", "[parallel]") {
   Generator gen(7);
@@ -149,6 +177,7 @@ TEST_CASE("allreduce_sum and broadcast on two GPUs", "[parallel][cuda]") {
       check_random(*comm, {1 << 20}, kFloat32, gen);
       check_random(*comm, {1000}, kFloat64, gen);
       check_broadcast(*comm, gen);
+      check_reduce(*comm);
     }
   }
   CHECK(communicator_names(devices).size() == (nccl_available() ? 3u : 2u));
