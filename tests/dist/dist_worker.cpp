@@ -1,6 +1,7 @@
 // One rank of a multi-process test, started by tandem-run (tests/dist/test_ddp.cpp). Each mode
 // checks something across real processes over Gloo and prints what the test reads:
 //
+//   ring                   the teaching ring allreduce over send/recv (ring_p2p.h) vs allreduce
 //   collectives            allreduce/broadcast/allgather/reduce_scatter/send-recv/barrier with
 //                          closed-form results (rank r contributes r + 1), sizes tiny, odd, large
 // Every mode takes --nccl: the GPU LOCAL_RANK over NCCL instead of the CPU over Gloo
@@ -28,6 +29,7 @@
 #include "nn/nn.h"
 #include "parallel/dist/ddp.h"
 #include "parallel/dist/process_group.h"
+#include "parallel/dist/ring_p2p.h"
 
 using namespace tandem;
 using namespace tandem::parallel::dist;
@@ -98,6 +100,33 @@ void run_collectives(ProcessGroup& pg) {
   }
   pg.barrier();
   std::printf("collectives ok (%llu collectives)\n", static_cast<unsigned long long>(pg.sequence_number()));
+}
+
+// ---- the teaching ring over send/recv ------------------------------------------------------
+
+// allreduce_ring_p2p: the closed-form sum (rank r contributes r + 1) at sizes tiny (1 element:
+// empty chunks), odd (chunks of uneven length) and large, then random data against
+// pg.allreduce (the same sum in another order: equal up to float rounding).
+void run_ring(ProcessGroup& pg) {
+  const int r = pg.rank(), w = pg.size();
+  const double sum = w * (w + 1) / 2.0;
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000), int64_t(65539)}) {
+    for (DType dt : {kFloat32, kFloat64, kInt64}) {
+      Tensor t = full({n}, r + 1, dt, g_device);
+      allreduce_ring_p2p(pg, t);
+      for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "ring closed-form sum");
+    }
+    Generator gen(1000 + uint64_t(r));
+    Tensor mine = rand({n}, kFloat32, g_device, &gen);  // [0, 1): no cancellation in the sum
+    Tensor ref = mine.clone();
+    allreduce_ring_p2p(pg, mine);
+    pg.allreduce(ref)->wait();
+    auto a = mine.to_vector<float>(), b = ref.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i)
+      require(std::abs(a[i] - b[i]) <= 1e-6f * std::abs(b[i]), "ring equals allreduce");
+  }
+  pg.barrier();
+  std::printf("ring ok\n");
 }
 
 // ---- models and data -----------------------------------------------------------------------
@@ -345,6 +374,7 @@ int main(int argc, char** argv) {
     else if (mode == "unused") run_unused(ctx.group, f);
     else if (mode == "mismatch") run_mismatch(ctx.group);
     else if (mode == "kill") run_kill(ctx.group, f);
+    else if (mode == "ring") run_ring(*ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {
