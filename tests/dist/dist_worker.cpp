@@ -15,6 +15,8 @@
 //   unused [--find-unused] a model with a parameter the loss does not use
 //   mismatch               rank 1 builds a different model
 //   kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself at step S of a long run
+//   fingerprint            rank 1 allreduces another size than rank 0
+//   silent [--after K]     rank 1 stops calling collectives after K of them (and sleeps)
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -352,6 +354,29 @@ void run_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   }
 }
 
+// Rank 1 reduces a tensor of another size than the others: caught by the fingerprints.
+void run_fingerprint(const std::shared_ptr<ProcessGroup>& group) {
+  const int64_t n = group->rank() == 1 ? 20 : 10;
+  Tensor t = ones({n}, kFloat32, g_device);
+  group->allreduce(t)->wait();
+  std::printf("fingerprint mismatch not detected\n");
+}
+
+// Rank 1 stops calling collectives after a few (alive, but silent): the others must time out
+// naming the collective and rank 1.
+void run_silent(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int silent_after = int(f.num("--after", 3));
+  for (int k = 0;; ++k) {
+    if (group->rank() == 1 && k == silent_after) {
+      std::this_thread::sleep_for(std::chrono::seconds(int(f.num("--sleep", 30))));
+      return;
+    }
+    Tensor t = ones({4}, kFloat32, g_device);
+    group->allreduce(t)->wait();
+    if (k > 1000000) return;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -374,6 +399,8 @@ int main(int argc, char** argv) {
     else if (mode == "unused") run_unused(ctx.group, f);
     else if (mode == "mismatch") run_mismatch(ctx.group);
     else if (mode == "kill") run_kill(ctx.group, f);
+    else if (mode == "fingerprint") run_fingerprint(ctx.group);
+    else if (mode == "silent") run_silent(ctx.group, f);
     else if (mode == "ring") run_ring(*ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;

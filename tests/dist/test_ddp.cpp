@@ -163,6 +163,39 @@ TEST_CASE("Without the launcher stopping them, survivors of a killed rank exit n
   CHECK(contains(r.output, "rank 1"));
 }
 
+TEST_CASE("Ranks that issue different collectives get an error naming both, not a hang", "[dist][failure]") {
+  TempDir dir;
+  Result r = run(dir, 2, "fingerprint", /*timeout_s=*/10);
+  INFO(r.output);
+  CHECK(r.code != 0);
+  CHECK(contains(r.output, "collective #0 differs between ranks"));
+  CHECK(contains(r.output, "float32 x 10"));
+  CHECK(contains(r.output, "float32 x 20"));
+  CHECK(!contains(r.output, "not detected"));
+  CHECK(r.seconds < 8);
+}
+
+TEST_CASE("A rank that goes silent makes the others time out, naming the collective and the rank",
+          "[dist][failure]") {
+  TempDir dir;
+  // Started by hand so that no launcher stops anyone early: rank 0 must end on its own within
+  // the 2 s collective timeout (plus the monitor's publication delay), rank 1 sleeps 6 s.
+  const int port = tandem::parallel::dist::free_port();
+  const std::string common = env(2) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(port) + " TANDEM_JOB_ID=s" + std::to_string(port) + " ";
+  const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " silent --after 3 --sleep 6";
+  Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & s=$(date +%s%N); " + common +
+                         "RANK=0 LOCAL_RANK=0 " + w + "; echo rank0 exit $? after $((($(date +%s%N) - s) / 1000000)) ms; wait)");
+  INFO(r.output);
+  CHECK(contains(r.output, "rank0 exit 1"));
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, std::regex("after ([0-9]+) ms")));
+  CHECK(std::stoi(m[1]) < 4500);  // the 2 s timeout, not rank 1's 6 s sleep
+  CHECK(std::regex_search(r.output, std::regex("allreduce #3 .*on rank 0 of 2")));
+  CHECK(contains(r.output, "imed out"));
+  CHECK(contains(r.output, "did not arrive: rank 1 (last seen at #2)"));
+}
+
 TEST_CASE("Two nodes on loopback train to the same numbers as one node", "[dist][ddp]") {
   TempDir dir;
   Result one = run(dir, 2, "ddp --bn --steps 3 --batch 8");
