@@ -1,9 +1,14 @@
-// Trains LeNet on Fashion-MNIST on the CPU, one GPU, or several devices.
+// Trains LeNet on Fashion-MNIST on the CPU, one GPU, several devices, or one process per device.
 //
 //   lenet                                   d2l's LeNet (sigmoid, average pooling), SGD lr 0.9
 //   lenet --activation relu --momentum 0.9  ReLU + max pooling, SGD lr 0.1
 //   lenet --devices cuda:0,cuda:1 --parallel scratch --comm nccl
 //   lenet --devices cpu:0,cpu:1             the same data-parallel code on virtual CPU devices
+//   tandem-run --nproc-per-node 2 lenet     one process per GPU (DDP; or torchrun, mpirun, srun)
+//   tandem-run --nproc-per-node 2 lenet --device cpu   two CPU processes over Gloo
+//
+// --batch-size is the global batch in every mode: split across devices, or across processes,
+// so a run's numbers do not depend on how many devices or processes compute them.
 #include "common/cli.h"
 #include "nn/models/lenet.h"
 
@@ -13,7 +18,9 @@ using namespace tandem::examples;
 int main(int argc, char** argv) {
   ProgramSpec spec;
   spec.name = "lenet";
-  spec.summary = "Trains LeNet on Fashion-MNIST on the CPU, one GPU or several devices.\n"
+  spec.summary = "Trains LeNet on Fashion-MNIST on the CPU, one GPU, several devices, or one process per\n"
+                 "device under a launcher (tandem-run, torchrun, mpirun, srun) or with --distributed.\n"
+                 "--batch-size is the global batch in every mode.\n"
                  "Default learning rate: 0.9 with sigmoid, 0.1 with relu, 0.001 with adam.";
   spec.add_flags = [](Args& args) {
     args.option("activation", "sigmoid", "sigmoid (with average pooling) | relu (with max pooling)");

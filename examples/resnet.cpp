@@ -3,6 +3,9 @@
 // to pay off.
 //
 //   resnet --devices cuda:0,cuda:1 --batch-size 512 --epochs 10
+//   tandem-run --nproc-per-node gpu resnet --batch-size 512   one process per GPU (DDP)
+//
+// --batch-size is the global batch in every mode, split across devices or processes.
 #include "common/cli.h"
 #include "nn/models/resnet.h"
 
@@ -12,7 +15,8 @@ using namespace tandem::examples;
 int main(int argc, char** argv) {
   ProgramSpec spec;
   spec.name = "resnet";
-  spec.summary = "Trains ResNet-18 on Fashion-MNIST on one GPU or several devices (default lr 0.05).";
+  spec.summary = "Trains ResNet-18 on Fashion-MNIST on one GPU, several devices, or one process per device\n"
+                 "under a launcher or with --distributed (default lr 0.05). --batch-size is the global batch.";
   spec.configure = [](const Args& args, TrainConfig& cfg, std::string& description) {
     uint64_t seed = cfg.seed;
     cfg.make_model = [seed] {

@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 #include "data/fashion_mnist.h"
+#include "parallel/dist/env.h"
+#include "parallel/dist/process_group.h"
 
 namespace tandem::examples {
 
@@ -21,6 +23,42 @@ std::vector<Device> parse_devices_flag(const Args& args) {
   return default_devices();
 }
 
+// One process per device: the process's device from --device and --backend. Each process takes
+// its LOCAL_RANK's GPU when there are GPUs (nccl), else -- or with --device cpu -- the CPU
+// (gloo); the flags that choose devices inside one process do not apply.
+void configure_distributed(const Args& args, TrainConfig& cfg) {
+  for (const char* name : {"devices", "parallel", "comm", "trace"})
+    if (args.given(name))
+      throw ArgsError(std::string("--") + name + " is for one process; in a multi-process run each process "
+                      "takes one device (LOCAL_RANK's GPU, or the CPU with --device cpu)");
+  cfg.backend = args.choice("backend", {"auto", "nccl", "gloo"});
+  const std::string device = args.str("device");
+  if (!device.empty() && device != "cpu" && device != "cuda")
+    throw ArgsError("--device: a multi-process run takes cpu or cuda (each process uses cuda:LOCAL_RANK), got '" +
+                    device + "'");
+  const bool gpu = device == "cuda" || (device.empty() && cfg.backend != "gloo" && cuda_available());
+  if (gpu && cfg.backend == "gloo") throw ArgsError("--backend gloo moves CPU tensors; a GPU takes nccl");
+  if (!gpu && cfg.backend == "nccl") throw ArgsError("--backend nccl needs a GPU per process; the CPU takes gloo");
+  cfg.devices = {gpu ? Device::cuda(parallel::dist::read_dist_env().local_rank) : kCPU};
+  if (cfg.backend == "auto") cfg.backend = gpu ? "nccl" : "gloo";
+  cfg.bucket_cap_mb = args.real("bucket-cap-mb", 1e-3, 1e5);
+  cfg.overlap = !args.on("no-overlap");
+}
+
+// "cuda:0", "cpu:0,cpu:1 [scratch/ring]", "2 processes (gloo, cpu)", "2 processes (nccl, one GPU each)".
+std::string where(const TrainConfig& cfg) {
+  if (cfg.group) {
+    const int n = cfg.group->size();
+    const Device d = cfg.devices.front();
+    return std::to_string(n) + (n == 1 ? " process (" : " processes (") + cfg.group->backend() + ", " +
+           (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")";
+  }
+  std::string devs;
+  for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
+  if (cfg.devices.size() < 2) return devs;
+  return devs + " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
+}
+
 }  // namespace
 
 void add_common_flags(Args& args) {
@@ -31,7 +69,8 @@ void add_common_flags(Args& args) {
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
                               "ring on CPU devices)");
   args.option("epochs", "10", "training epochs");
-  args.option("batch-size", "256", "global minibatch size (split across devices)");
+  args.option("batch-size", "256", "global minibatch size, split across devices or processes (not per process as "
+                                   "in PyTorch's DDP tutorials)");
   args.option("lr", "", "learning rate");
   args.option("lr-schedule", "constant", "constant|cosine (cosine: per epoch, from --lr down towards 0)");
   args.option("optimizer", "sgd", "sgd|adam");
@@ -43,15 +82,27 @@ void add_common_flags(Args& args) {
   args.option("csv", "", "write one row per epoch to this CSV file");
   args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices)");
   args.flag("no-progress", "never draw the progress bar");
+  args.flag("distributed", "one process per device, DDP (implied under tandem-run, torchrun, mpirun or srun)");
+  args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
+  args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
+  args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
 }
 
 void configure_common(const Args& args, TrainConfig& cfg) {
-  if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
-  cfg.devices = parse_devices_flag(args);
+  cfg.distributed = args.on("distributed") || parallel::dist::launched_by_launcher();
+  if (cfg.distributed) {
+    configure_distributed(args, cfg);
+  } else {
+    for (const char* name : {"backend", "bucket-cap-mb", "no-overlap"})
+      if (args.given(name))
+        throw ArgsError(std::string("--") + name + " is for a multi-process run (under a launcher, or with --distributed)");
+    if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
+    cfg.devices = parse_devices_flag(args);
+    cfg.parallel = args.choice("parallel", {"scratch", "dp"});
+    cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
+    if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
+  }
   cfg.data_dir = args.str("data");
-  cfg.parallel = args.choice("parallel", {"scratch", "dp"});
-  cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
-  if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
   cfg.epochs = args.integer("epochs", 1, 100000);
   cfg.batch_size = args.integer("batch-size", 1, 1 << 20);
   cfg.optimizer = args.choice("optimizer", {"sgd", "adam"});
@@ -85,14 +136,22 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     else if (cfg.optimizer == "adam") cfg.lr = 1e-3;
     for (Device d : cfg.devices) check_device_exists(d);
 
-    std::string devs;
-    for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
-    std::string how = cfg.devices.size() < 2 ? "" : " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
-    std::printf("%s on %s%s, batch %lld, %s lr %g%s\n", description.c_str(), devs.c_str(), how.c_str(),
-                static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), cfg.lr,
-                cfg.lr_schedule == "cosine" ? " (cosine)" : "");
-    std::fflush(stdout);
-    run_training(cfg, [](const EpochStats& s) {
+    // One rank of a job: the launcher's environment says who we are (torch's init_process_group).
+    parallel::dist::DistributedContext ctx;
+    if (cfg.distributed) {
+      ctx = parallel::dist::init_process_group(cfg.backend, cfg.devices.front());
+      cfg.group = ctx.group;
+    }
+    // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
+    const bool speak = reports(cfg);
+    if (speak) {
+      std::printf("%s on %s, batch %lld%s, %s lr %g%s\n", description.c_str(), where(cfg).c_str(),
+                  static_cast<long long>(cfg.batch_size), cfg.group ? " (global)" : "", cfg.optimizer.c_str(), cfg.lr,
+                  cfg.lr_schedule == "cosine" ? " (cosine)" : "");
+      std::fflush(stdout);
+    }
+    run_training(cfg, [speak](const EpochStats& s) {
+      if (!speak) return;
       std::printf("%s\n", format_epoch(s).c_str());
       std::fflush(stdout);
     });

@@ -1,7 +1,7 @@
 #pragma once
 // The command line shared by the training programs: the common flags, their validation, and a
 // main() body that turns every error into one line on stderr and a non-zero exit code
-// (2 for bad flags, 1 for anything else).
+// (2 for bad flags, 1 for anything else). --batch-size is the global batch in every mode.
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,7 +22,12 @@ struct ProgramSpec {
 int train_main(int argc, char** argv, const ProgramSpec& spec);
 
 // The flags every training program shares (data, devices, parallel path, optimizer, limits,
-// CSV, trace) and their validation into a TrainConfig; ArgsError for a bad value.
+// CSV, trace, and the multi-process ones: --distributed, --backend, --bucket-cap-mb,
+// --no-overlap) and their validation into a TrainConfig; ArgsError for a bad value. Under a
+// launcher (parallel/dist/env.h: launched_by_launcher) or with --distributed the run is one
+// process per device: --devices, --parallel, --comm and --trace are then bad flags, --device
+// takes cpu or cuda (cuda: this process's cuda:LOCAL_RANK), and train_main builds the process
+// group, so that rank 0 alone prints the job's numbers.
 void add_common_flags(Args& args);
 void configure_common(const Args& args, TrainConfig& cfg);
 

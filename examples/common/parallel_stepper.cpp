@@ -10,8 +10,6 @@
 
 namespace tandem::examples {
 
-std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params);
-
 namespace {
 
 // Traces only the first few steps of the run: enough for a timeline picture, and recording
@@ -30,7 +28,7 @@ class ScratchStepper final : public Stepper {
     }
   }
 
-  void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) override {
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
     if (trace_ && steps_ == kTracedSteps) trainer_.set_trace(nullptr);
     ++steps_;
     Tensor loss = trainer_.train_batch(x, y);
@@ -66,7 +64,7 @@ class DataParallelStepper final : public Stepper {
     opt_ = make_optimizer(cfg, dp_.parameters());
   }
 
-  void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) override {
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
     opt_->zero_grad();
     Tensor logits = dp_(x);
     Tensor loss = cross_entropy(logits, y);

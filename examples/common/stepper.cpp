@@ -24,7 +24,7 @@ class SingleDeviceStepper final : public Stepper {
     opt_ = make_optimizer(cfg, model_->parameters());
   }
 
-  void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) override {
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
     opt_->zero_grad();
     Tensor logits = (*model_)(x);
     Tensor loss = cross_entropy(logits, y);
@@ -44,9 +44,8 @@ class SingleDeviceStepper final : public Stepper {
 
 }  // namespace
 
-std::unique_ptr<Stepper> make_parallel_stepper(const TrainConfig& cfg);
-
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg) {
+  if (cfg.group) return make_ddp_stepper(cfg);
   if (cfg.devices.size() == 1) return std::make_unique<SingleDeviceStepper>(cfg);
   return make_parallel_stepper(cfg);
 }

@@ -1,34 +1,66 @@
 #pragma once
-// One training step, three ways: on one device, the from-scratch data-parallel path, or
-// DataParallel. The driver in train.cpp does not care which.
+// One training step, four ways: on one device (stepper.cpp), the from-scratch data-parallel
+// path or DataParallel over the devices of this process (parallel_stepper.cpp), or one process
+// of a multi-process job through DistributedDataParallel (ddp_stepper.cpp). The driver in
+// train.cpp does not care which.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/train.h"
 #include "core/tensor.h"
+#include "data/distributed_sampler.h"
 #include "nn/module.h"
+#include "nn/optim/optimizer.h"
 
 namespace tandem::examples {
 
 class Stepper {
  public:
   virtual ~Stepper() = default;
-  // One optimizer step on the global batch (x, y) on the first device. Adds the batch's summed
-  // loss into loss_sum ([] float32) and its number of right answers into correct ([1] int64),
-  // both on the first device, without synchronizing the host. A stepper may instead keep the
-  // counts on its own devices and add them in end_epoch().
-  virtual void step(const Tensor& x, const Tensor& y, const Tensor& loss_sum, const Tensor& correct) = 0;
+
+  // The part of a dataset of n samples that this process reads: null (the default) for all of
+  // it; one rank of a job returns its DistributedSampler -- shuffled with the run's seed and
+  // padded for training, in order and unpadded for evaluation (every test image counted once
+  // over the ranks). The driver calls set_epoch(epoch - 1) on the training one every epoch.
+  virtual std::shared_ptr<data::DistributedSampler> sampler(int64_t n, bool train) {
+    return nullptr;
+  }
+
+  // One optimizer step on (x, y): the global batch on the first device, or this rank's shard of
+  // a global batch of global_rows rows (x may then have 0 rows, in the last batch). Adds the
+  // summed loss of x's rows into loss_sum ([] float32) and their number of right answers into
+  // correct ([1] int64), both on the first device, without synchronizing the host. A stepper
+  // may instead keep the counts on its own devices and add them in end_epoch().
+  virtual void step(const Tensor& x, const Tensor& y, int64_t global_rows, const Tensor& loss_sum,
+                    const Tensor& correct) = 0;
   // Called once after the last step of an epoch, before the driver reads `correct`.
   virtual void end_epoch(const Tensor& correct) {}
+
+  // Sums t (contiguous, on the first device) over the processes of the job, in place; a no-op
+  // for a process that trains alone. Every rank calls it at the same points.
+  virtual void sum_across_processes(const Tensor& t) {}
+
   // Sets the learning rate of the optimizer(s) for the following steps.
   virtual void set_lr(double lr) = 0;
-  // The model to evaluate (on the first device).
+  // The model to evaluate (on the first device). Called once per evaluation, on every rank of a
+  // job at the same point: the DDP stepper then gives every rank rank 0's buffers (BatchNorm
+  // statistics), so all ranks evaluate the same model.
   virtual nn::Module& eval_model() = 0;
   // Writes the timeline of the steps recorded so far (Chrome trace JSON); a no-op when the
   // stepper records none.
   virtual void write_trace(const std::string& path) {}
 };
 
+// The stepper for cfg: DDP when cfg.group is set, else one device or several.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
+// cfg.parallel over cfg.devices (two or more): "scratch" or "dp".
+std::unique_ptr<Stepper> make_parallel_stepper(const TrainConfig& cfg);
+// One rank of the job of cfg.group, on cfg.devices.front().
+std::unique_ptr<Stepper> make_ddp_stepper(const TrainConfig& cfg);
+
+// cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay.
+std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
+                                                     std::vector<Tensor> params);
 
 }  // namespace tandem::examples

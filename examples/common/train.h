@@ -1,7 +1,14 @@
 #pragma once
 // The training driver shared by the example programs and the benchmark: loads Fashion-MNIST,
-// builds the model, trains it on one device or data-parallel on several, evaluates after
-// every epoch, and reports each epoch (stdout line, CSV row, callback).
+// builds the model, trains it on one device, data-parallel on several, or as one process of a
+// multi-process job (DistributedDataParallel), evaluates after every epoch, and reports each
+// epoch (stdout line, CSV row, callback).
+//
+// In a job, every rank runs the same driver on its own device and its DistributedSampler's
+// shard of each global batch; the numbers of an epoch (loss, train and test accuracy, images)
+// are summed over the ranks, so each rank sees the job's numbers -- those of the one-process
+// run on the same global batches when the world size divides the dataset (otherwise the
+// padding the sampler repeats is counted too).
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,16 +18,20 @@
 #include "core/device.h"
 #include "nn/module.h"
 
+namespace tandem::parallel::dist {
+class ProcessGroup;
+}
+
 namespace tandem::examples {
 
 struct TrainConfig {
   std::function<std::shared_ptr<nn::Module>()> make_model;  // built on the CPU, moved by the driver
   std::string data_dir;
-  std::vector<Device> devices;          // one entry: single-device training
+  std::vector<Device> devices;          // one entry: single-device training (or this rank's device)
   std::string parallel = "scratch";     // scratch | dp (several devices only)
   std::string comm = "nccl";            // naive | ring | nccl (scratch path)
   int64_t epochs = 10;
-  int64_t batch_size = 256;             // global batch, split across devices
+  int64_t batch_size = 256;             // global batch, split across devices or processes
   std::string optimizer = "sgd";        // sgd | adam
   double lr = 0.9, momentum = 0.0, weight_decay = 0.0;
   std::string lr_schedule = "constant";  // constant | cosine (per epoch, from lr down towards 0)
@@ -30,9 +41,23 @@ struct TrainConfig {
   bool drop_last = false;
   bool progress = true;
   std::string csv, trace;
+
+  // One process per device: distributed asks for it (the program then builds `group` from the
+  // launcher's environment with `backend`: auto | nccl | gloo); group set means this process
+  // is one rank of that job and trains through DistributedDataParallel on devices.front().
+  bool distributed = false;
+  std::string backend = "auto";
+  std::shared_ptr<parallel::dist::ProcessGroup> group;
+  double bucket_cap_mb = 25.0;          // DDP's bucket size
+  bool overlap = true;                  // false: DDP reduces after backward (for measurements)
 };
 
-// Runs the whole training; calls on_epoch after each epoch. Throws tandem::Error on failure.
+// Whether this process reports (prints, draws the progress bar, writes the CSV): the one
+// process of a single-process run, or rank 0 of a job.
+bool reports(const TrainConfig& cfg);
+
+// Runs the whole training; calls on_epoch after each epoch -- on every rank of a job, with the
+// job's numbers -- and writes the CSV where reports(cfg). Throws tandem::Error on failure.
 void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch);
 
 // The learning rate of epoch `epoch` (1-based) of cfg.epochs: cfg.lr, or with "cosine"

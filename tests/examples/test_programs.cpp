@@ -1,9 +1,14 @@
 // The lenet and resnet programs end to end on tiny Fashion-MNIST-shaped IDX files written here: it trains,
-// writes its CSV, and fails with the documented exit codes and one-line messages.
+// writes its CSV, and fails with the documented exit codes and one-line messages; and, with the
+// launcher and Gloo, one process per device: the job prints the one-process run's numbers.
 #ifdef TANDEM_LENET_PATH
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -13,6 +18,7 @@
 #include "core/tensor.h"
 #include "data/data_test_util.h"
 #include "data/idx.h"
+#include "parallel/dist/launch.h"
 
 namespace {
 
@@ -38,15 +44,21 @@ Result run_lenet(const TempDir& dir, const std::string& args) {
   return run_program(TANDEM_LENET_PATH, dir, args);
 }
 
-// 64 training and 32 test images of 28x28 with labels in [0, 10).
+// 64 training and 32 test images of 28x28 with labels in [0, 10): noise with a bright band
+// of rows at a place that depends on the label, so a few epochs learn something and the
+// accuracies move.
 void write_tiny_dataset(const TempDir& dir) {
   using namespace tandem;
   for (auto [prefix, n] : {std::pair<std::string, int64_t>{"train", 64}, {"t10k", 32}}) {
     Tensor images = rand({n, 28, 28}, kFloat64).to(kFloat64);
     std::vector<uint8_t> px;
-    for (double v : images.to_vector<double>()) px.push_back(static_cast<uint8_t>(v * 255));
+    for (double v : images.to_vector<double>()) px.push_back(static_cast<uint8_t>(v * 127));
     std::vector<int64_t> labels;
-    for (int64_t i = 0; i < n; ++i) labels.push_back(i % 10);
+    for (int64_t i = 0; i < n; ++i) {
+      labels.push_back(i % 10);
+      for (int64_t r = 2 * (i % 10) + 4; r < 2 * (i % 10) + 7; ++r)
+        for (int64_t c = 0; c < 28; ++c) px[static_cast<size_t>(i * 784 + r * 28 + c)] = 255;
+    }
     data::write_idx_images(dir.file(prefix + "-images-idx3-ubyte.gz"), from_vector(px, {n, 28, 28}), true);
     data::write_idx_labels(dir.file(prefix + "-labels-idx1-ubyte.gz"), from_vector(labels, {n}), true);
   }
@@ -136,5 +148,175 @@ TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "
   Result gpu = run_lenet(dir, data + " --device cuda:7");
   CHECK(gpu.code == 1);
   CHECK(gpu.output.find("cuda:7") != std::string::npos);
+  // The multi-process flags outside a multi-process run.
+  for (const char* bad : {"--backend gloo", "--bucket-cap-mb 4", "--no-overlap"}) {
+    Result r = run_lenet(dir, data + " --device cpu " + bad);
+    INFO(bad << " -> " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("multi-process") != std::string::npos);
+  }
 }
+
+TEST_CASE("lenet --help says the batch is global", "[examples]") {
+  TempDir dir;
+  Result r = run_lenet(dir, "--help");
+  CHECK(r.code == 0);
+  CHECK(r.output.find("global minibatch size, split across devices or processes") != std::string::npos);
+  CHECK(r.output.find("--distributed") != std::string::npos);
+}
+
+// ---- one process per device -------------------------------------------------------------------
+
+#if defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
+namespace {
+
+// Collectives that hang fail in seconds, not the default ten minutes.
+const std::string kDistEnv = "TANDEM_DIST_TIMEOUT=20 ";
+
+Result run_launched(const TempDir& dir, int nproc, const char* program, const std::string& args) {
+  return run_program((kDistEnv + TANDEM_RUN_PATH + " --standalone --grace-seconds 1 --nproc-per-node " +
+                      std::to_string(nproc) + " " + program).c_str(),
+                     dir, args);
+}
+
+struct EpochLine {
+  std::string prefix;  // what precedes "epoch" ("[rank 0] " under the launcher)
+  long long epoch;
+  double loss, train_acc, test_acc;
+};
+
+// The "epoch N  loss L  train acc A  test acc T ..." lines of an output.
+std::vector<EpochLine> epoch_lines(const std::string& out) {
+  std::vector<EpochLine> lines;
+  std::istringstream is(out);
+  for (std::string line; std::getline(is, line);) {
+    const size_t at = line.find("epoch ");
+    EpochLine e;
+    if (at == std::string::npos ||
+        std::sscanf(line.c_str() + at, "epoch %lld loss %lf train acc %lf test acc %lf", &e.epoch, &e.loss,
+                    &e.train_acc, &e.test_acc) != 4)
+      continue;
+    e.prefix = line.substr(0, at);
+    lines.push_back(e);
+  }
+  return lines;
+}
+
+// The rows of a CSV written by --csv, as numbers, without the header.
+std::vector<std::vector<double>> csv_rows(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  std::getline(f, line);
+  while (std::getline(f, line)) {
+    std::vector<double> row;
+    std::istringstream is(line);
+    for (std::string cell; std::getline(is, cell, ',');) row.push_back(std::stod(cell));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("lenet on 2 processes under tandem-run prints the one-process run's numbers", "[examples][dist]") {
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string common = "--data " + dir.path().string() + " --device cpu --epochs 2 --batch-size 16 --no-progress";
+  // d2l's LeNet, and ReLU with momentum, which learns the tiny data within two epochs.
+  for (const char* model : {"", " --activation relu --momentum 0.9"}) {
+    Result one = run_lenet(dir, common + model + " --csv " + dir.file("one.csv"));
+    Result two = run_launched(dir, 2, TANDEM_LENET_PATH, common + model + " --csv " + dir.file("two.csv"));
+    INFO(one.output << "\n---\n" << two.output);
+    REQUIRE(one.code == 0);
+    REQUIRE(two.code == 0);
+    CHECK(two.output.find("[rank 0] LeNet (") == 0);
+    CHECK(two.output.find(") on 2 processes (gloo, cpu), batch 16 (global)") != std::string::npos);
+    CHECK(two.output.find("[rank 1]") == std::string::npos);  // rank 0 alone speaks
+
+    const std::vector<EpochLine> a = epoch_lines(one.output), b = epoch_lines(two.output);
+    REQUIRE(a.size() == 2);
+    REQUIRE(b.size() == 2);
+    for (size_t e = 0; e < 2; ++e) {
+      CHECK(b[e].prefix == "[rank 0] ");
+      CHECK(b[e].epoch == a[e].epoch);
+      CHECK(std::abs(b[e].loss - a[e].loss) <= 1e-4 * std::max(1.0, std::abs(a[e].loss)));
+      CHECK(b[e].train_acc == a[e].train_acc);
+      CHECK(b[e].test_acc == a[e].test_acc);
+    }
+    // One CSV, rank 0's, with the header and a row per epoch: the same numbers to 1e-4.
+    CHECK(count_lines(dir.file("two.csv")) == 3);
+    const auto ra = csv_rows(dir.file("one.csv")), rb = csv_rows(dir.file("two.csv"));
+    REQUIRE(ra.size() == 2);
+    REQUIRE(rb.size() == 2);
+    for (size_t e = 0; e < 2; ++e) {
+      CHECK(std::abs(rb[e][1] - ra[e][1]) <= 1e-4 * std::abs(ra[e][1]));  // loss
+      CHECK(rb[e][2] == ra[e][2]);                                        // train acc
+      CHECK(rb[e][3] == ra[e][3]);                                        // test acc
+    }
+  }
+}
+
+TEST_CASE("lenet and resnet train on 3 processes with an uneven last shard", "[examples][dist]") {
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string data = "--data " + dir.path().string() + " --device cpu --no-progress";
+  // 64 images padded to 66, batch 16: the last global batch has 2 rows, so one rank has none.
+  Result lenet = run_launched(dir, 3, TANDEM_LENET_PATH, data + " --epochs 2 --batch-size 16 --bucket-cap-mb 0.05");
+  INFO(lenet.output);
+  CHECK(lenet.code == 0);
+  CHECK(epoch_lines(lenet.output).size() == 2);
+  // The same with BatchNorm (ResNet-18): 16 images padded to 18, batch 8.
+  Result resnet = run_launched(dir, 3, TANDEM_RESNET_PATH,
+                               data + " --epochs 1 --batch-size 8 --train-limit 16 --test-limit 8 --no-overlap");
+  INFO(resnet.output);
+  CHECK(resnet.code == 0);
+  CHECK(epoch_lines(resnet.output).size() == 1);
+}
+
+TEST_CASE("lenet in a multi-process run: --distributed alone, and the flags it rejects", "[examples][dist]") {
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string data = "--data " + dir.path().string() + " --no-progress --epochs 1 --batch-size 16";
+  // No launcher, --distributed: a job of one process.
+  const std::string port = "MASTER_PORT=" + std::to_string(tandem::parallel::dist::free_port()) + " ";
+  Result alone = run_program((kDistEnv + port + TANDEM_LENET_PATH).c_str(), dir, data + " --device cpu --distributed");
+  INFO(alone.output);
+  CHECK(alone.code == 0);
+  CHECK(alone.output.find("on 1 process (gloo, cpu)") != std::string::npos);
+  // Under a launcher (its variables in the environment), the in-process device flags are bad flags.
+  for (const char* bad : {"--devices cpu:0,cpu:1", "--parallel dp", "--comm ring", "--device cuda:1",
+                          "--device cpu --backend nccl", "--backend mpi"}) {
+    Result r = run_program(("RANK=0 WORLD_SIZE=2 " + std::string(TANDEM_LENET_PATH)).c_str(), dir, data + " " + bad);
+    INFO(bad << " -> " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("lenet: ") == 0);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+  Result launched = run_launched(dir, 2, TANDEM_LENET_PATH, data + " --devices cpu:0,cpu:1");
+  CHECK(launched.code != 0);
+  CHECK(launched.output.find("exited with code 2") != std::string::npos);
+}
+
+TEST_CASE("ddp_tutorial starts its own 2 workers and trains", "[examples][dist]") {
+  // The program sits beside lenet.
+#ifdef TANDEM_DDP_TUTORIAL_PATH
+  const std::string program = TANDEM_DDP_TUTORIAL_PATH;
+#else
+  const std::string program = (std::filesystem::path(TANDEM_LENET_PATH).parent_path() / "ddp_tutorial").string();
+#endif
+  if (!std::filesystem::exists(program)) {
+    WARN("ddp_tutorial is not built: " << program);
+    return;
+  }
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string args = "--nprocs 2 --device cpu --epochs 1 --train-limit 64 --batch-size 16 --data " + dir.path().string();
+  Result r = run_program((kDistEnv + program).c_str(), dir, args);
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("[rank 0] epoch 1  loss ") != std::string::npos);
+  CHECK(r.output.find("finished running basic DDP example on rank 1") != std::string::npos);
+}
+#endif
 #endif
