@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     if (cfg.epochs < 2) throw ArgsError("--epochs: the first epoch is a warm-up; give at least 2");
     cfg.lr = args.given("lr") ? args.real("lr", 0, 100) : (model == "lenet" ? 0.9 : 0.05);
     if (!args.given("test-limit")) cfg.test_limit = 1000;
+    // Under a launcher: one rank of a DDP job (tandem-run --nproc-per-node N bench_train ...).
+    parallel::dist::DistributedContext ctx = start_process_group(cfg);
     cfg.evaluate = false;
     cfg.drop_last = true;
     cfg.progress = false;
@@ -48,17 +50,21 @@ int main(int argc, char** argv) {
       times.push_back(s.seconds);
       acc = s.train_acc;
       images = static_cast<int64_t>(s.images_per_s * s.seconds + 0.5);
-      std::fprintf(stderr, "epoch %lld: %.4f s, train acc %.4f\n", static_cast<long long>(s.epoch), s.seconds, s.train_acc);
+      if (reports(cfg)) std::fprintf(stderr, "epoch %lld: %.4f s, train acc %.4f\n", static_cast<long long>(s.epoch), s.seconds, s.train_acc);
     });
     std::vector<double> timed(times.begin() + 1, times.end());
     std::sort(timed.begin(), timed.end());
     double median = timed[timed.size() / 2];
     if (timed.size() % 2 == 0) median = 0.5 * (timed[timed.size() / 2 - 1] + timed[timed.size() / 2]);
     ips = images / median;
-    std::string path = cfg.devices.size() == 1 ? "eager" : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
+    std::string path = cfg.group ? "ddp/" + cfg.group->backend()
+                       : cfg.devices.size() == 1 ? "eager"
+                                                 : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
+    const size_t devices = cfg.group ? static_cast<size_t>(cfg.group->size()) : cfg.devices.size();
+    if (!reports(cfg)) return 0;  // rank 0 prints the job's line
     std::printf("{\"framework\": \"tandem\", \"model\": \"%s\", \"path\": \"%s\", \"devices\": %zu, "
                 "\"batch_size\": %lld, \"median_s\": %.5f, \"images_per_s\": %.1f, \"train_acc\": %.4f}\n",
-                model.c_str(), path.c_str(), cfg.devices.size(), static_cast<long long>(cfg.batch_size), median,
+                model.c_str(), path.c_str(), devices, static_cast<long long>(cfg.batch_size), median,
                 ips, acc);
     return 0;
   } catch (const ArgsError& e) {

@@ -28,7 +28,7 @@ if P=$(python3 -c 'import nvidia,os;print(os.path.dirname(nvidia.__path__[0]))' 
 fi
 
 echo "== build"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUILD_EXAMPLES=$EXAMPLES -DTANDEM_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 &&
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTANDEM_BUILD_EXAMPLES=$EXAMPLES -DTANDEM_BUILD_BENCH=$([ "$BENCH" = 1 ] && echo ON || echo OFF) > "$OUT/build.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/build.log" | head -60; exit 1; }
 grep "tandem:" "$OUT/build.log"
 

@@ -1,7 +1,9 @@
 """Draws a timeline written by --trace (Chrome trace JSON) as a PNG: one row per device and
 stream, one bar per span, the steps after the first (warm-up) one.
 
-  python3 bench/plot_trace.py step.json step.png [--skip-first]
+  python3 bench/plot_trace.py step.json step.png [--skip-first] [--title TEXT]
+
+A multi-process trace (every rank's events merged by rank 0) draws one row per rank and track.
 """
 import json, sys
 
@@ -9,7 +11,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"forward+backward": "#4C72B0", "optimizer": "#55A868"}
+# By the span name's first word: the in-process steppers record "forward+backward", the
+# multi-process one "forward" and "backward"; collectives are "allreduce #k", "broadcast #k".
+COLORS = {"forward+backward": "#4C72B0", "forward": "#8FAADC", "backward": "#4C72B0",
+          "allreduce": "#C44E52", "broadcast": "#DD8452", "optimizer": "#55A868"}
+
+
+def color_of(name):
+    return COLORS.get(name.split(" ")[0], "#C44E52")
 
 
 def main():
@@ -30,15 +39,17 @@ def main():
         for e in spans:
             if (e["pid"], e["tid"]) != key:
                 continue
-            color = COLORS.get(e["name"], "#C44E52")
+            color = color_of(e["name"])
             ax.barh(y, e["dur"] / 1000, left=(e["ts"] - t0) / 1000, color=color, edgecolor="white")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{procs.get(p, p)} {threads.get((p, t), t)}" for p, t in rows])
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ["#4C72B0", "#C44E52", "#55A868"]]
-    ax.legend(handles, ["forward+backward", "allreduce", "optimizer"], loc="lower right", fontsize=8)
-    ax.set_title(src.split("/")[-1])
+    kinds = [k for k in COLORS if any(e["name"].split(" ")[0] == k for e in spans)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds]
+    ax.legend(handles, kinds, loc="lower right", fontsize=8)
+    title = sys.argv[sys.argv.index("--title") + 1] if "--title" in sys.argv else src.split("/")[-1]
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 

@@ -136,12 +136,31 @@ std::string Trace::json() const {
   return os.str();
 }
 
-void Trace::write(const std::string& path) const {
-  const std::string text = json();
+namespace {
+void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   TANDEM_CHECK(out.good(), IO, "Trace: cannot open '", path, "' for writing");
   out << text;
   TANDEM_CHECK(out.good(), IO, "Trace: writing '", path, "' failed");
+}
+}  // namespace
+
+void Trace::write(const std::string& path) const { write_text(path, json()); }
+
+void write_merged_trace(const std::string& path, const std::vector<std::string>& jsons) {
+  std::string events;
+  for (size_t i = 0; i < jsons.size(); ++i) {
+    const std::string& j = jsons[i];
+    const size_t open = j.find('['), close = j.rfind(']');
+    TANDEM_CHECK(open != std::string::npos && close != std::string::npos && open < close, Format,
+                 "write_merged_trace: part ", i, " is not a trace (no traceEvents array)");
+    std::string inner = j.substr(open + 1, close - open - 1);
+    while (!inner.empty() && (inner.back() == '\n' || inner.back() == ' ')) inner.pop_back();
+    while (!inner.empty() && (inner.front() == '\n' || inner.front() == ' ')) inner.erase(0, 1);
+    if (inner.empty()) continue;
+    events += (events.empty() ? "" : ",\n") + inner;
+  }
+  write_text(path, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" + events + "\n]}\n");
 }
 
 }  // namespace tandem::parallel

@@ -84,4 +84,9 @@ class Trace {
   std::deque<Record> records_;  // a deque: Span keeps a pointer, push_back must not move it
 };
 
+// Writes one Chrome-trace file from several json() texts (the ranks of a multi-process job,
+// each with its own pids): their events, concatenated. IOError naming the path on failure;
+// FormatError for a text that is not a json() of this class.
+void write_merged_trace(const std::string& path, const std::vector<std::string>& jsons);
+
 }  // namespace tandem::parallel

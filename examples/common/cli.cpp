@@ -27,7 +27,7 @@ std::vector<Device> parse_devices_flag(const Args& args) {
 // its LOCAL_RANK's GPU when there are GPUs (nccl), else -- or with --device cpu -- the CPU
 // (gloo); the flags that choose devices inside one process do not apply.
 void configure_distributed(const Args& args, TrainConfig& cfg) {
-  for (const char* name : {"devices", "parallel", "comm", "trace"})
+  for (const char* name : {"devices", "parallel", "comm"})
     if (args.given(name))
       throw ArgsError(std::string("--") + name + " is for one process; in a multi-process run each process "
                       "takes one device (LOCAL_RANK's GPU, or the CPU with --device cpu)");
@@ -80,7 +80,7 @@ void add_common_flags(Args& args) {
   args.option("train-limit", "-1", "use only the first N training images (-1: all)");
   args.option("test-limit", "-1", "use only the first N test images (-1: all)");
   args.option("csv", "", "write one row per epoch to this CSV file");
-  args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices)");
+  args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices, or every rank of a multi-process run, merged)");
   args.flag("no-progress", "never draw the progress bar");
   args.flag("distributed", "one process per device, DDP (implied under tandem-run, torchrun, mpirun or srun)");
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
@@ -115,8 +115,19 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   if (cfg.train_limit == 0 || cfg.test_limit == 0) throw ArgsError("--train-limit and --test-limit must be -1 or >= 1");
   cfg.csv = args.str("csv");
   cfg.trace = args.str("trace");
-  if (!cfg.trace.empty() && cfg.devices.size() < 2) throw ArgsError("--trace needs several --devices");
+  if (!cfg.trace.empty() && !cfg.distributed && cfg.devices.size() < 2)
+    throw ArgsError("--trace needs several --devices (or one process per device)");
   cfg.progress = !args.on("no-progress");
+}
+
+parallel::dist::DistributedContext start_process_group(TrainConfig& cfg) {
+  parallel::dist::DistributedContext ctx;
+  if (cfg.distributed) {
+    // One rank of a job: the launcher's environment says who we are (torch's init_process_group).
+    ctx = parallel::dist::init_process_group(cfg.backend, cfg.devices.front());
+    cfg.group = ctx.group;
+  }
+  return ctx;
 }
 
 int train_main(int argc, char** argv, const ProgramSpec& spec) {
@@ -136,12 +147,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     else if (cfg.optimizer == "adam") cfg.lr = 1e-3;
     for (Device d : cfg.devices) check_device_exists(d);
 
-    // One rank of a job: the launcher's environment says who we are (torch's init_process_group).
-    parallel::dist::DistributedContext ctx;
-    if (cfg.distributed) {
-      ctx = parallel::dist::init_process_group(cfg.backend, cfg.devices.front());
-      cfg.group = ctx.group;
-    }
+    parallel::dist::DistributedContext ctx = start_process_group(cfg);
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
     const bool speak = reports(cfg);
     if (speak) {
@@ -155,7 +161,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
       std::printf("%s\n", format_epoch(s).c_str());
       std::fflush(stdout);
     });
-    if (!cfg.trace.empty()) std::printf("timeline written to %s (open it in ui.perfetto.dev)\n", cfg.trace.c_str());
+    if (!cfg.trace.empty() && speak) std::printf("timeline written to %s (open it in ui.perfetto.dev)\n", cfg.trace.c_str());
     return 0;
   } catch (const ArgsError& e) {
     std::fprintf(stderr, "%s: %s\n", spec.name.c_str(), e.what());

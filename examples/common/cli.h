@@ -8,6 +8,7 @@
 
 #include "common/args.h"
 #include "common/train.h"
+#include "parallel/dist/process_group.h"
 
 namespace tandem::examples {
 
@@ -30,5 +31,9 @@ int train_main(int argc, char** argv, const ProgramSpec& spec);
 // group, so that rank 0 alone prints the job's numbers.
 void add_common_flags(Args& args);
 void configure_common(const Args& args, TrainConfig& cfg);
+
+// In a multi-process run (cfg.distributed): joins the job (the store, the process group) and
+// sets cfg.group; otherwise returns an empty context. Keep the context alive while training.
+parallel::dist::DistributedContext start_process_group(TrainConfig& cfg);
 
 }  // namespace tandem::examples

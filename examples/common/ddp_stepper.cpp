@@ -2,6 +2,8 @@
 // shard of every global batch through DistributedDataParallel.
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "kernels/ops.h"
 #include "parallel/dist/ddp.h"
 #include "parallel/dist/process_group.h"
+#include "parallel/trace.h"
 
 namespace tandem::examples {
 
@@ -34,6 +37,12 @@ class DdpStepper final : public Stepper {
       : group_(cfg.group), seed_(cfg.seed), ddp_(cfg.make_model(), cfg.group, ddp_options(cfg)) {
     ddp_.train();
     opt_ = make_optimizer(cfg, ddp_.parameters());
+    if (!cfg.trace.empty()) {
+      const Device d = group_->device();
+      trace_ = std::make_unique<parallel::Trace>(d, group_->rank(),
+                                                 "rank " + std::to_string(group_->rank()) + " " + d.str());
+      group_->set_trace(trace_.get());
+    }
   }
 
   std::shared_ptr<data::DistributedSampler> sampler(int64_t n, bool train) override {
@@ -51,16 +60,24 @@ class DdpStepper final : public Stepper {
     if (rows == 0) return empty_step();
     last_x_ = x;
     last_y_ = y;
+    if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
+    const bool tracing = trace_ && traced_steps_ <= kTracedSteps;
+    const Device d = group_->device();
     opt_->zero_grad();
+    std::optional<parallel::Trace::Span> span;
+    if (tracing) span = trace_->span(d, "forward");
     Tensor logits = ddp_(x);
     Tensor loss = cross_entropy(logits, y);
+    if (tracing) span = trace_->span(d, "backward");
     // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP averages the ranks'
     // gradients, so the shard's mean loss is weighted by world * rows / global_rows; the
     // average is then the gradient of the global batch's mean loss, as on one process.
     const double scale = static_cast<double>(group_->size()) * static_cast<double>(rows) /
                          static_cast<double>(global_rows);
     mul(loss, scale).backward();
+    if (tracing) span = trace_->span(d, "optimizer");
     opt_->step();
+    span.reset();
     kernels::axpby_(static_cast<double>(rows), loss.detach(), 1.0, loss_sum);
     kernels::count_correct(logits.detach(), y, correct);
   }
@@ -70,6 +87,19 @@ class DdpStepper final : public Stepper {
   }
 
   void set_lr(double lr) override { opt_->set_lr(lr); }
+
+  // Every rank hands its timeline to rank 0 through the store; rank 0 writes one file with a
+  // process (pid = rank) per rank, on the shared host clock (parallel/trace.h).
+  void write_trace(const std::string& path) override {
+    if (!trace_) return;
+    group_->set_trace(nullptr);
+    dist::Store& store = group_->store();
+    store.set("trace/" + std::to_string(group_->rank()), trace_->json());
+    if (group_->rank() != 0) return;
+    std::vector<std::string> parts;
+    for (int r = 0; r < group_->size(); ++r) parts.push_back(store.get_string("trace/" + std::to_string(r)));
+    parallel::write_merged_trace(path, parts);
+  }
 
   nn::Module& eval_model() override {
     // Parameters are equal on every rank after each step; buffers are each rank's own since the
@@ -105,6 +135,9 @@ class DdpStepper final : public Stepper {
   dist::DistributedDataParallel ddp_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   Tensor last_x_, last_y_;  // this rank's previous batch (Note [an empty shard])
+  std::unique_ptr<parallel::Trace> trace_;
+  int64_t traced_steps_ = 0;
+  static constexpr int64_t kTracedSteps = 5;  // as the in-process steppers
 };
 
 }  // namespace

@@ -113,7 +113,7 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
     s.images_per_s = c[2] / s.seconds;
     progress.finish();
     if (cfg.evaluate) s.test_acc = evaluate(*stepper, test_loader);
-    if (!cfg.trace.empty() && epoch == 1 && reporting) stepper->write_trace(cfg.trace);
+    if (!cfg.trace.empty() && epoch == 1) stepper->write_trace(cfg.trace);  // every rank takes part
     csv.add(s);
     on_epoch(s);
   }

@@ -19,6 +19,10 @@
 // as in PyTorch. When no launcher sets a job id, one is derived from MASTER_ADDR:MASTER_PORT
 // and WORLD_SIZE (a different job on the same port with another world size is still refused).
 //
+// Under torchrun, whose agent may serve MASTER_PORT with PyTorch's own store
+// (TORCHELASTIC_USE_AGENT_STORE=True), tandem's store takes MASTER_PORT + 1; TANDEM_STORE_PORT
+// sets the store's port explicitly in any case (Note [under torchrun's own store]).
+//
 // Bad values are one clear DistError naming the variable and its value: RANK >= WORLD_SIZE,
 // a negative or non-numeric value, LOCAL_RANK >= LOCAL_WORLD_SIZE, a port outside 1..65535.
 #include <cstdint>

@@ -85,15 +85,32 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size, Pro
 }
 
 ProcessGroup::~ProcessGroup() {
-  // A rank that unwinds because of an error tells the others at once, so they do not wait for
-  // the timeout in their next collective (Note [collective failures]).
-  if (std::uncaught_exceptions() > 0 && size_ > 1) {
-    try {
-      store_->set(kAbortKey, "rank " + std::to_string(rank_) + " exited with an error");
-    } catch (...) {
-    }
-  }
   stop_monitor();
+  if (size_ == 1) return;
+  bool healthy = true;
+  {
+    std::lock_guard<std::mutex> g(monitor_->error_mu);
+    healthy = monitor_->error.empty();
+  }
+  try {
+    if (std::uncaught_exceptions() > 0) {
+      // A rank that unwinds because of an error tells the others at once, so they do not wait
+      // for the timeout in their next collective (Note [collective failures]).
+      store_->set(kAbortKey, "rank " + std::to_string(rank_) + " exited with an error");
+    } else if (healthy) {
+      // Note [leaving together]: rank 0's process hosts the store, so it leaves last — the
+      // others may still be using the store (their monitor, a last key) a moment after their
+      // final collective. Bounded: a rank that never comes costs at most 30 s here.
+      store_->add("pg/exited", 1);
+      if (rank_ == 0) {
+        const auto deadline = std::chrono::steady_clock::now() + std::min<Milliseconds>(options_.timeout, std::chrono::seconds(30));
+        while (store_->add("pg/exited", 0) < size_ && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+    }
+  } catch (...) {  // the store may be gone already: nothing left to coordinate
+  }
 }
 
 void ProcessGroup::start_monitor() {

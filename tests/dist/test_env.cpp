@@ -189,3 +189,18 @@ TEST_CASE("env: every bad value is named with its value", "[dist]") {
                              {"MASTER_ADDR", "a"}}),
                    "SLURM_TASKS_PER_NODE=x is not a non-negative integer"));
 }
+
+TEST_CASE("env: under torchrun's agent store tandem's store takes the next port", "[dist]") {
+  const Vars torchrun = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}};
+  CHECK(read(torchrun).master_port == 29400);
+  Vars agent = torchrun;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  CHECK(read(agent).master_port == 29401);
+  agent["TANDEM_STORE_PORT"] = "31000";
+  CHECK(read(agent).master_port == 31000);
+  agent["TANDEM_STORE_PORT"] = "0";
+  CHECK(contains(error_of(agent), "TANDEM_STORE_PORT=0"));
+  agent.erase("TANDEM_STORE_PORT");
+  agent["MASTER_PORT"] = "65535";
+  CHECK(contains(error_of(agent), "TANDEM_STORE_PORT"));
+}
