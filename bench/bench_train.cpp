@@ -57,7 +57,10 @@ int main(int argc, char** argv) {
     double median = timed[timed.size() / 2];
     if (timed.size() % 2 == 0) median = 0.5 * (timed[timed.size() / 2 - 1] + timed[timed.size() / 2]);
     ips = images / median;
-    std::string path = cfg.group ? "ddp/" + cfg.group->backend()
+    std::string ddp_variant = cfg.overlap ? "" : ",no-overlap";
+    if (cfg.bucket_cap_mb != 25.0) ddp_variant += ",cap" + std::to_string(static_cast<int>(cfg.bucket_cap_mb));
+    if (cfg.group && cfg.group->options().high_priority_stream) ddp_variant += ",hi-prio";
+    std::string path = cfg.group ? "ddp/" + cfg.group->backend() + ddp_variant
                        : cfg.devices.size() == 1 ? "eager"
                                                  : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
     const size_t devices = cfg.group ? static_cast<size_t>(cfg.group->size()) : cfg.devices.size();

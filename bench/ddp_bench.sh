@@ -21,6 +21,8 @@ for rep in 1 2; do
   done
 done
 train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS" --no-overlap
+TANDEM_NCCL_HIGH_PRIORITY=1 train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS"
+train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS" --bucket-cap-mb 100
 if [ "$NGPU" -ge 2 ]; then
   for m in resnet18 lenet; do
     for bs in 256 512; do
@@ -29,6 +31,9 @@ if [ "$NGPU" -ge 2 ]; then
     done
   done
 fi
+echo "== timeline of ResNet-18 DDP steps (bucket allreduces on the comm track)"
+$RUN --standalone --nproc-per-node "$NGPU" --no-prefix ./build-gpu/examples/resnet --data "$DATA" --epochs 1 \
+  --train-limit 5120 --no-progress --trace "$OUT/ddp_resnet_trace.json" > "$OUT/trace_run.log" 2>&1 || tail -5 "$OUT/trace_run.log"
 echo "== PyTorch: eager and DDP on the same GPUs"
 python3 bench/torch_parallel.py --data "$DATA" --models resnet18,lenet --paths 1gpu,ddp --batch-size 256 \
   --epochs "$EPOCHS" >> "$RESULTS" 2>> "$OUT/torch_ddp.err" || tail -5 "$OUT/torch_ddp.err"
@@ -37,6 +42,7 @@ echo "== launchers: torchrun and mpirun start tandem programs unchanged"
 L="./build-gpu/examples/lenet --data $DATA --epochs 1 --train-limit 10240 --no-progress"
 if command -v torchrun > /dev/null; then
   torchrun --standalone --nproc-per-node 1 $L > "$OUT/torchrun.log" 2>&1; echo "torchrun: exit $? | $(grep -m1 epoch "$OUT/torchrun.log")"
+  grep -q epoch "$OUT/torchrun.log" || tail -8 "$OUT/torchrun.log"
 fi
 if command -v mpirun > /dev/null; then
   mpirun --allow-run-as-root -np 1 -x MASTER_PORT=29533 $L > "$OUT/mpirun.log" 2>&1; echo "mpirun: exit $? | $(grep -m1 epoch "$OUT/mpirun.log")"
@@ -44,3 +50,7 @@ fi
 
 echo "== results ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU, $(date -u +%Y-%m-%d), $(nvcc --version | grep -o 'release [0-9.]*'), torch $(python3 -c 'import torch;print(torch.__version__)'))"
 python3 bench/table.py "$RESULTS" | tee "$OUT/ddp_table.txt"
+# Only a few files come back from a remote run: pack the logs.
+(cd "$OUT" && tar czf /tmp/ddp_logs.tgz --exclude=ddp_results.jsonl --exclude=ddp_table.txt --exclude=ddp_resnet_trace.json . &&
+  find . -maxdepth 1 -type f ! -name ddp_results.jsonl ! -name ddp_table.txt ! -name ddp_resnet_trace.json -delete &&
+  mv /tmp/ddp_logs.tgz logs.tgz)

@@ -9,9 +9,9 @@ for r in rows:
 for r in kinds.get("train", []):
     pass
 if kinds.get("train"):
-    print(f"{'model':<9} {'framework':<9} {'path':<12} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10}")
+    print(f"{'model':<9} {'framework':<9} {'path':<24} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10}")
     for r in kinds["train"]:
-        print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<12} {r['devices']:>3} {r['batch_size']:>5} "
+        print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<24} {r['devices']:>3} {r['batch_size']:>5} "
               f"{r['median_s']:>8.3f} {r['images_per_s']:>10.0f}")
 if kinds.get("allreduce"):
     print()

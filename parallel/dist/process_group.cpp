@@ -28,6 +28,11 @@ Milliseconds default_collective_timeout() {
   return Milliseconds(static_cast<int64_t>(s * 1000.0 + 0.5));
 }
 
+bool default_high_priority_stream() {
+  const char* v = std::getenv("TANDEM_NCCL_HIGH_PRIORITY");
+  return v != nullptr && std::string(v) == "1";
+}
+
 namespace {
 
 std::string seconds_str(Milliseconds t) {

@@ -67,11 +67,15 @@ using WorkPtr = std::shared_ptr<Work>;
 // The timeout of collectives: TANDEM_DIST_TIMEOUT (seconds, may be fractional) when set, else
 // 10 minutes. ValueError naming the variable for a value that does not parse or is <= 0.
 Milliseconds default_collective_timeout();
+bool default_high_priority_stream();  // TANDEM_NCCL_HIGH_PRIORITY=1
 
 struct ProcessGroupOptions {
   Milliseconds timeout = default_collective_timeout();
   int fingerprint_collectives = 8;  // the first N collectives are compared across ranks
   Milliseconds monitor_interval{500};  // progress publication and dead-rank check
+  // NCCL: run collectives on a high-priority stream (PyTorch's is_high_priority_stream; off by
+  // default there and here). TANDEM_NCCL_HIGH_PRIORITY=1 turns it on from the environment.
+  bool high_priority_stream = default_high_priority_stream();
 };
 
 class ProcessGroup {

@@ -72,7 +72,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     TANDEM_CHECK(device_.is_cuda(), Device, "nccl process group on rank ", rank, ": the current device is ",
                  device_.str(), "; make this rank's GPU current first (or use the gloo backend for CPU tensors)");
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off
-    comm_stream_ = Stream::create(device_, /*high_priority=*/true);
+    comm_stream_ = Stream::create(device_, options.high_priority_stream);
 
     ncclUniqueId id;
     if (rank == 0) {
@@ -215,6 +215,9 @@ class ProcessGroupNccl final : public ProcessGroup {
       r = aborted_ ? ncclInvalidUsage : enqueue(static_cast<cudaStream_t>(comm_stream_.handle()));
       if (r == ncclInProgress) r = settle(c.op, options_.timeout);
       if (r == ncclSuccess) {
+        // Finished collectives leave the list here too (the monitor does it when it runs; a
+        // group of one has no monitor).
+        while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
         done->record(comm_stream_);
         if (trace) {
           end.record(comm_stream_);
