@@ -21,8 +21,6 @@ for rep in 1 2; do
   done
 done
 train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS" --no-overlap
-TANDEM_NCCL_HIGH_PRIORITY=1 train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS"
-train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS" --bucket-cap-mb 100
 if [ "$NGPU" -ge 2 ]; then
   for m in resnet18 lenet; do
     for bs in 256 512; do
@@ -41,7 +39,7 @@ python3 bench/torch_parallel.py --data "$DATA" --models resnet18,lenet --paths 1
 echo "== launchers: torchrun and mpirun start tandem programs unchanged"
 L="./build-gpu/examples/lenet --data $DATA --epochs 1 --train-limit 10240 --no-progress"
 if command -v torchrun > /dev/null; then
-  torchrun --standalone --nproc-per-node 1 $L > "$OUT/torchrun.log" 2>&1; echo "torchrun: exit $? | $(grep -m1 epoch "$OUT/torchrun.log")"
+  torchrun --no-python --standalone --nproc-per-node 1 $L > "$OUT/torchrun.log" 2>&1; echo "torchrun: exit $? | $(grep -m1 epoch "$OUT/torchrun.log")"
   grep -q epoch "$OUT/torchrun.log" || tail -8 "$OUT/torchrun.log"
 fi
 if command -v mpirun > /dev/null; then

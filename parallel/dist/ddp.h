@@ -53,6 +53,7 @@ struct DistributedDataParallelOptions {
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   // false: every bucket is reduced after backward instead of during it (to measure the overlap).
+  // A group of one never overlaps (Note [one rank does not overlap] in ddp.cpp).
   bool overlap = true;
 };
 
