@@ -194,7 +194,12 @@ class ProcessGroupGloo final : public ProcessGroup {
     } catch (const std::exception& e) {
       TANDEM_THROW(Dist, "gloo rendezvous on rank ", rank, " of ", size, " failed: ", e.what());
     }
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      loop();
+      std::lock_guard<std::mutex> lock(exit_mu_);
+      exited_ = true;
+      exit_cv_.notify_all();
+    });
     start_monitor();
   }
 
@@ -205,17 +210,25 @@ class ProcessGroupGloo final : public ProcessGroup {
       stop_ = true;
     }
     cv_.notify_all();
-    // A collective stuck in Gloo after a failure would block join() until Gloo's own timeout;
-    // the process is about to exit with an error then, so let the thread go (Gloo's state it
-    // uses is kept alive by the shared pointers it holds).
+    // After a failure a collective can still be stuck in Gloo (the monitor saw a rank die before
+    // Gloo did), and join() would wait for Gloo's own timeout, minutes. Wait a little for the
+    // thread to finish; past that the process is about to exit with the group's error anyway,
+    // so let the thread go rather than hang.
     bool failed = false;
     try {
       check_healthy();
     } catch (...) {
       failed = true;
     }
-    if (failed) thread_.detach();
-    else thread_.join();
+    if (failed) {
+      std::unique_lock<std::mutex> lock(exit_mu_);
+      if (!exit_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return exited_; })) {
+        lock.unlock();
+        thread_.detach();
+        return;
+      }
+    }
+    thread_.join();
   }
 
   std::string backend() const override { return "gloo"; }
@@ -384,6 +397,9 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stop_ = false;
+  std::mutex exit_mu_;  // the thread says here that it has left loop()
+  std::condition_variable exit_cv_;
+  bool exited_ = false;
 };
 
 }  // namespace
