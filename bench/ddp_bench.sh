@@ -22,6 +22,24 @@ for rep in 1 2; do
 done
 train $RUN --standalone --nproc-per-node 1 --no-prefix $B/bench_train --model resnet18 --data "$DATA" --epochs "$EPOCHS" --no-overlap
 if [ "$NGPU" -ge 2 ]; then
+  echo "== $NGPU GPUs: allreduce through the process group, bucket sizes, a killed rank"
+  $RUN --standalone --nproc-per-node "$NGPU" --no-prefix $B/bench_pg_allreduce >> "$RESULTS" 2>> "$ERR"
+  python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths ddp --epochs 2 --train-limit 2560 --allreduce \
+    | grep allreduce >> "$RESULTS" 2>> "$OUT/torch_ddp.err"
+  for cap in 1 5 25 100 1000; do
+    train $RUN --standalone --nproc-per-node "$NGPU" --no-prefix $B/bench_train --model resnet18 --data "$DATA" \
+      --epochs "$EPOCHS" --batch-size $((256 * NGPU)) --bucket-cap-mb $cap
+  done
+  train $RUN --standalone --nproc-per-node "$NGPU" --no-prefix $B/bench_train --model resnet18 --data "$DATA" \
+    --epochs "$EPOCHS" --batch-size $((256 * NGPU)) --no-overlap
+  s=$(date +%s%N)
+  TANDEM_DIST_TIMEOUT=30 $RUN --standalone --nproc-per-node "$NGPU" --grace-seconds 2 ./build-gpu/tests/tandem_dist_worker \
+    kill --nccl --kill-rank 1 --kill-step 20 > "$OUT/kill_nccl.log" 2>&1
+  echo "killed rank under NCCL: tandem-run exit $? after $((($(date +%s%N) - s) / 1000000)) ms"; grep -E "error|tandem-run" "$OUT/kill_nccl.log" | head -4
+  $RUN --standalone --nproc-per-node "$NGPU" --no-prefix ./build-gpu/examples/resnet --data "$DATA" --epochs 1 \
+    --train-limit 10240 --batch-size $((256 * NGPU)) --no-progress --trace "$OUT/ddp_resnet_trace_${NGPU}gpu.json" > /dev/null 2>&1
+  $RUN --standalone --nproc-per-node "$NGPU" --no-prefix ./build-gpu/examples/resnet --data "$DATA" --epochs 1 \
+    --train-limit 10240 --batch-size $((256 * NGPU)) --no-progress --no-overlap --trace "$OUT/ddp_resnet_trace_${NGPU}gpu_no_overlap.json" > /dev/null 2>&1
   for m in resnet18 lenet; do
     for bs in 256 512; do
       [ $m = resnet18 ] && [ $bs = 256 ] && bs=$((256 * NGPU))
@@ -49,6 +67,6 @@ fi
 echo "== results ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU, $(date -u +%Y-%m-%d), $(nvcc --version | grep -o 'release [0-9.]*'), torch $(python3 -c 'import torch;print(torch.__version__)'))"
 python3 bench/table.py "$RESULTS" | tee "$OUT/ddp_table.txt"
 # Only a few files come back from a remote run: pack the logs.
-(cd "$OUT" && tar czf /tmp/ddp_logs.tgz --exclude=ddp_results.jsonl --exclude=ddp_table.txt --exclude=ddp_resnet_trace.json . &&
-  find . -maxdepth 1 -type f ! -name ddp_results.jsonl ! -name ddp_table.txt ! -name ddp_resnet_trace.json -delete &&
+(cd "$OUT" && tar czf /tmp/ddp_logs.tgz --exclude=ddp_results.jsonl --exclude=ddp_table.txt --exclude='ddp_resnet_trace*.json' . &&
+  find . -maxdepth 1 -type f ! -name ddp_results.jsonl ! -name ddp_table.txt ! -name 'ddp_resnet_trace*.json' -delete &&
   mv /tmp/ddp_logs.tgz logs.tgz)
