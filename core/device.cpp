@@ -22,7 +22,11 @@ Device Device::parse(const std::string& text) {
                  Value, "bad device '", text, "': the index after ':' must be a number");
   }
   int index = idx.empty() ? 0 : std::stoi(idx);
-  if (kind == "cpu") return Device::cpu(index);
+  if (kind == "cpu") {
+    TANDEM_CHECK(index < kMaxCpuDevices, Value, "bad device '", text, "': virtual CPU devices are cpu:0 to cpu:",
+                 kMaxCpuDevices - 1);
+    return Device::cpu(index);
+  }
   if (kind == "cuda" || kind == "gpu") return Device::cuda(index);
   TANDEM_THROW(Value, "bad device '", text, "': expected cpu, cpu:N, cuda or cuda:N");
 }
@@ -78,6 +82,8 @@ bool nccl_available() {
 
 void check_device_exists(Device d) {
   TANDEM_CHECK(d.index >= 0, Device, "device ", d.str(), " has a negative index");
+  TANDEM_CHECK(!d.is_cpu() || d.index < kMaxCpuDevices, Device, "device ", d.str(),
+               " does not exist: virtual CPU devices are cpu:0 to cpu:", kMaxCpuDevices - 1);
   if (d.is_cuda()) {
     int n = cuda_device_count();
     TANDEM_CHECK(n > 0, Device, "device ", d.str(), " was asked for but no GPU is available",

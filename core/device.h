@@ -4,7 +4,10 @@
 // A Device is `cpu:N` or `cuda:N`. `cpu` means `cpu:0`. Virtual CPU devices `cpu:1`,
 // `cpu:2`, ... share host memory but are distinct devices: tensors on different ones may not
 // be mixed in one op, and parallel code drives each from its own host thread, so the whole
-// multi-device path runs and is tested without a GPU.
+// multi-device path runs and is tested without a GPU. There are kMaxCpuDevices of them,
+// cpu:0 to cpu:63: a fixed bound (not the machine's core count), so a program that runs on one
+// machine parses on every other, and a typo such as cpu:99999 is an error rather than a
+// device nobody meant.
 //
 // The current device is thread-local (like CUDA's own model): DeviceGuard sets it for a scope
 // and, for a CUDA device, also calls cudaSetDevice on this thread.
@@ -16,6 +19,9 @@ namespace tandem {
 
 enum class DeviceType : uint8_t { CPU, CUDA };
 
+// Virtual CPU devices are cpu:0 .. cpu:(kMaxCpuDevices - 1).
+inline constexpr int kMaxCpuDevices = 64;
+
 struct Device {
   DeviceType type = DeviceType::CPU;
   int index = 0;
@@ -25,7 +31,8 @@ struct Device {
 
   static constexpr Device cpu(int i = 0) { return {DeviceType::CPU, i}; }
   static constexpr Device cuda(int i = 0) { return {DeviceType::CUDA, i}; }
-  // Parses "cpu", "cpu:N", "cuda", "cuda:N"; throws ValueError naming the text otherwise.
+  // Parses "cpu", "cpu:N", "cuda", "cuda:N"; throws ValueError naming the text otherwise,
+  // and for a CPU index of kMaxCpuDevices or more.
   static Device parse(const std::string& text);
 
   constexpr bool is_cpu() const { return type == DeviceType::CPU; }
@@ -50,7 +57,8 @@ int cuda_device_count();
 bool cuda_available();
 // True when tandem was built with NCCL and at least one GPU is visible.
 bool nccl_available();
-// Throws DeviceError naming the device when it does not exist (e.g. cuda:3 on a 2-GPU machine).
+// Throws DeviceError naming the device when it does not exist (e.g. cuda:3 on a 2-GPU machine,
+// or cpu:N with N >= kMaxCpuDevices).
 void check_device_exists(Device d);
 
 // The current device of this thread (default cpu:0).

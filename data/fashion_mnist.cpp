@@ -10,7 +10,8 @@ namespace tandem::data {
 
 namespace {
 
-// dir/name.gz when it exists, else dir/name when it exists, else IOError naming both.
+// dir/name.gz when it is a file, else dir/name when it is a file, else IOError: naming what is
+// there instead (a directory, ...) when one of the two paths exists, else both paths.
 std::string find_file(const std::string& dir, const std::string& name) {
   namespace fs = std::filesystem;
   fs::path gz = fs::path(dir) / (name + ".gz");
@@ -18,6 +19,12 @@ std::string find_file(const std::string& dir, const std::string& name) {
   std::error_code ec;
   if (fs::is_regular_file(gz, ec)) return gz.string();
   if (fs::is_regular_file(raw, ec)) return raw.string();
+  for (const fs::path& p : {gz, raw}) {
+    const fs::file_status st = fs::status(p, ec);
+    if (!fs::exists(st)) continue;
+    TANDEM_THROW(IO, "Fashion-MNIST: '", p.string(), "' is ",
+                 fs::is_directory(st) ? "a directory" : "not a regular file", ", not an IDX file");
+  }
   TANDEM_THROW(IO, "Fashion-MNIST: neither '", gz.string(), "' nor '", raw.string(),
                "' exists (is the dataset in '", dir, "'?)");
 }

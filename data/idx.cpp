@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -55,64 +56,87 @@ std::vector<uint8_t> read_raw(const std::string& path) {
   return bytes;
 }
 
-// Inflates one or more concatenated gzip members. zlib verifies each member's CRC-32 and
-// length, so a flipped bit is caught here rather than showing up as a wrong pixel.
-std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& path) {
-  // The last member's trailer holds its uncompressed size mod 2^32: a good first guess,
-  // capped by deflate's maximum ratio (about 1032:1) so a corrupt trailer cannot ask for
-  // a huge allocation.
-  size_t guess = 1 << 16;
-  if (in.size() >= 4) {
-    size_t t = in.size() - 4;
-    uint32_t isize = uint32_t(in[t]) | uint32_t(in[t + 1]) << 8 | uint32_t(in[t + 2]) << 16 |
-                     uint32_t(in[t + 3]) << 24;
-    guess = std::max<size_t>(guess, std::min<size_t>(isize, in.size() * 1032));
+// Inflates one or more concatenated gzip members on demand, so a reader takes only the bytes it
+// needs (an IDX header first, then no more than the header declares). zlib verifies each
+// member's CRC-32 and length, so a flipped bit is caught here rather than showing up as a wrong
+// pixel. Every failure is a FormatError naming the file.
+class GzipReader {
+ public:
+  GzipReader(const std::vector<uint8_t>& in, const std::string& path) : in_(in), path_(path) {
+    TANDEM_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, IO, "'", path, "': zlib init failed");
   }
-  std::vector<uint8_t> out(guess);
-  size_t produced = 0, consumed = 0;
+  ~GzipReader() { inflateEnd(&zs_); }
+  GzipReader(const GzipReader&) = delete;
+  GzipReader& operator=(const GzipReader&) = delete;
 
-  z_stream zs{};
-  TANDEM_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, IO, "'", path, "': zlib init failed");
-  std::string error;
-  for (;;) {
-    if (produced == out.size()) out.resize(out.size() * 2);
-    size_t in_left = in.size() - consumed, out_left = out.size() - produced;
-    zs.next_in = const_cast<Bytef*>(in.data() + consumed);
-    zs.avail_in = static_cast<uInt>(std::min<size_t>(in_left, UINT_MAX));
-    zs.next_out = out.data() + produced;
-    zs.avail_out = static_cast<uInt>(std::min<size_t>(out_left, UINT_MAX));
-    uInt avail_in = zs.avail_in, avail_out = zs.avail_out;
-    int ret = inflate(&zs, Z_NO_FLUSH);
-    bool progress = zs.avail_in != avail_in || zs.avail_out != avail_out;
-    consumed += avail_in - zs.avail_in;
-    produced += avail_out - zs.avail_out;
-    if (ret == Z_STREAM_END) {
-      if (consumed == in.size()) break;
-      if (!is_gzip(in, consumed)) {
-        error = "corrupt gzip stream: " + std::to_string(in.size() - consumed) +
-                " bytes of trailing garbage after the compressed data";
-        break;
+  // Inflates up to n bytes into dst and returns how many came: fewer than n only where the
+  // last member ends.
+  size_t read(uint8_t* dst, size_t n) {
+    size_t produced = 0;
+    while (produced < n && !done_) {
+      zs_.next_in = const_cast<Bytef*>(in_.data() + consumed_);
+      zs_.avail_in = static_cast<uInt>(std::min<size_t>(in_.size() - consumed_, UINT_MAX));
+      zs_.next_out = dst + produced;
+      zs_.avail_out = static_cast<uInt>(std::min<size_t>(n - produced, UINT_MAX));
+      const uInt avail_in = zs_.avail_in, avail_out = zs_.avail_out;
+      const int ret = inflate(&zs_, Z_NO_FLUSH);
+      const bool progress = zs_.avail_in != avail_in || zs_.avail_out != avail_out;
+      consumed_ += avail_in - zs_.avail_in;
+      produced += avail_out - zs_.avail_out;
+      if (ret == Z_STREAM_END) {
+        if (consumed_ == in_.size()) {
+          done_ = true;
+        } else {
+          TANDEM_CHECK(is_gzip(in_, consumed_), Format, "'", path_, "': corrupt gzip stream: ",
+                       in_.size() - consumed_, " bytes of trailing garbage after the compressed data");
+          inflateReset(&zs_);  // another gzip member follows
+        }
+      } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed_ == in_.size() && zs_.avail_out > 0)) {
+        TANDEM_CHECK(consumed_ < in_.size(), Format, "'", path_, "': truncated gzip stream: the ",
+                     in_.size(), " bytes of the file end in the middle of the compressed data");
+        TANDEM_CHECK(progress || zs_.avail_out == 0, Format, "'", path_,
+                     "': corrupt gzip stream (inflate made no progress)");
+        // otherwise only the output was full
+      } else if (ret != Z_OK) {
+        TANDEM_THROW(Format, "'", path_, "': corrupt gzip stream (", zs_.msg ? zs_.msg : "zlib error",
+                     ", code ", ret, ")");
       }
-      inflateReset(&zs);  // another gzip member follows
-    } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed == in.size() && zs.avail_out > 0)) {
-      if (consumed == in.size()) {
-        error = "truncated gzip stream: the " + std::to_string(in.size()) +
-                " bytes of the file end in the middle of the compressed data";
-        break;
-      }
-      if (!progress && zs.avail_out > 0) {
-        error = "corrupt gzip stream (inflate made no progress)";
-        break;
-      }
-      // otherwise only the output was full: grow and continue
-    } else if (ret != Z_OK) {
-      error = str("corrupt gzip stream (", zs.msg ? zs.msg : "zlib error", ", code ", ret, ")");
-      break;
+    }
+    return produced;
+  }
+
+  // Appends up to n inflated bytes to out, growing it as they arrive (never by more than came),
+  // so a stream that claims more than it holds costs only what it holds.
+  void append(std::vector<uint8_t>& out, uint64_t n) {
+    constexpr size_t kChunk = size_t(1) << 20;
+    while (n > 0) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(n, kChunk)), at = out.size();
+      out.resize(at + want);
+      const size_t got = read(out.data() + at, want);
+      out.resize(at + got);
+      if (got < want) return;
+      n -= got;
     }
   }
-  inflateEnd(&zs);
-  TANDEM_CHECK(error.empty(), Format, "'", path, "': ", error);
-  out.resize(produced);
+
+  // True when the stream holds no more data (reads one byte when it does).
+  bool at_end() {
+    uint8_t byte = 0;
+    return read(&byte, 1) == 0;
+  }
+
+ private:
+  const std::vector<uint8_t>& in_;
+  const std::string& path_;
+  z_stream zs_{};
+  size_t consumed_ = 0;
+  bool done_ = false;
+};
+
+std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& path) {
+  GzipReader z(in, path);
+  std::vector<uint8_t> out;
+  z.append(out, UINT64_MAX);
   return out;
 }
 
@@ -156,11 +180,8 @@ uint32_t read_be32(const uint8_t* p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
 }
 
-// Reads and validates an IDX file whose magic must be `magic` (which fixes the rank).
-IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
-  IdxData idx;
-  idx.bytes = read_file_bytes(path);
-  const auto& b = idx.bytes;
+// Throws FormatError unless b starts with `magic` (4 bytes at least).
+void check_magic(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic, const char* what) {
   TANDEM_CHECK(b.size() >= 4, Format, "'", path, "': truncated IDX file: ", b.size(),
                " bytes, too short for the 4-byte magic number");
   uint32_t got = read_be32(b.data());
@@ -173,29 +194,72 @@ IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
     TANDEM_THROW(Format, "'", path, "': bad IDX magic number ", hex(got), seems, " (expected ",
                  hex(magic), " for ", what, ": unsigned bytes with ", magic & 0xff, " dimensions)");
   }
-  size_t rank = magic & 0xff;
-  size_t header = 4 + 4 * rank;
+}
+
+// The dims of the header at the start of b (magic already checked) and the number of data
+// bytes they declare; FormatError for a short header, a zero dimension or an overflow.
+uint64_t check_header(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic,
+                      std::vector<int64_t>& dims) {
+  const size_t rank = magic & 0xff;
+  const size_t header = 4 + 4 * rank;
   TANDEM_CHECK(b.size() >= header, Format, "'", path, "': truncated IDX header: expected ", header,
                " bytes for ", rank, " dimensions, got ", b.size());
-  const uint64_t actual = b.size() - header;
   uint64_t expected = 1;
   bool overflow = false;
-  for (size_t d = 0; d < rank; ++d) idx.dims.push_back(read_be32(b.data() + 4 + 4 * d));
-  const std::string shape = shape_str(idx.dims);
+  for (size_t d = 0; d < rank; ++d) dims.push_back(read_be32(b.data() + 4 + 4 * d));
+  const std::string shape = shape_str(dims);
   for (size_t d = 0; d < rank; ++d) {
-    TANDEM_CHECK(idx.dims[d] > 0, Format, "'", path, "': IDX dimension ", d, " is 0 (shape ", shape,
-                 ")");
-    overflow = overflow || __builtin_mul_overflow(expected, uint64_t(idx.dims[d]), &expected);
+    TANDEM_CHECK(dims[d] > 0, Format, "'", path, "': IDX dimension ", d, " is 0 (shape ", shape, ")");
+    overflow = overflow || __builtin_mul_overflow(expected, uint64_t(dims[d]), &expected);
   }
   overflow = overflow || expected > UINT64_MAX - header;
   TANDEM_CHECK(!overflow, Format, "'", path, "': truncated IDX file: shape ", shape,
                " needs more than 2^64 bytes, got ", b.size());
-  TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: expected ",
-               header + expected, " bytes (", header, "-byte header + ", expected,
-               " data bytes for shape ", shape, "), got ", b.size());
-  TANDEM_CHECK(actual == expected, Format, "'", path, "': IDX file too long: expected ",
-               header + expected, " bytes (", header, "-byte header + ", expected,
-               " data bytes for shape ", shape, "), got ", b.size());
+  return expected;
+}
+
+// Deflate's largest compression ratio is 1032:1, so a gzip stream of n bytes holds at most
+// this many.
+uint64_t max_inflated_size(size_t n) { return uint64_t(n) * 1032 + 1024; }
+
+// Reads and validates an IDX file whose magic must be `magic` (which fixes the rank). A gzip
+// file is inflated step by step: the magic from its first 4 bytes, then the rest of the header,
+// then no more data than the header declares (and one byte to see whether the stream goes on).
+IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
+  IdxData idx;
+  std::vector<uint8_t> file = read_raw(path);
+  const bool gz = is_gzip(file);
+  TANDEM_CHECK(gz || !ends_with(path, ".gz"), Format, "'", path,
+               "': corrupt gzip stream: the file is named .gz but does not start with the gzip"
+               " magic bytes 1f 8b");
+  std::optional<GzipReader> z;
+  if (gz) {
+    z.emplace(file, path);
+    z->append(idx.bytes, 4);
+  } else {
+    idx.bytes = std::move(file);
+  }
+  auto& b = idx.bytes;
+  check_magic(b, path, magic, what);
+  const size_t header = 4 + 4 * (magic & 0xff);
+  if (z) z->append(b, header - 4);
+  const uint64_t expected = check_header(b, path, magic, idx.dims);
+  const std::string shape = shape_str(idx.dims);
+  auto describe = [&] {
+    return str("expected ", header + expected, " bytes (", header, "-byte header + ", expected,
+               " data bytes for shape ", shape, ")");
+  };
+  if (z) {
+    TANDEM_CHECK(header + expected <= max_inflated_size(file.size()), Format, "'", path,
+                 "': truncated IDX file: ", describe(), ", more than a ", file.size(),
+                 "-byte gzip stream can hold");
+    z->append(b, expected);
+  }
+  const uint64_t actual = b.size() - header;
+  TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: ", describe(), ", got ", b.size());
+  TANDEM_CHECK(actual == expected, Format, "'", path, "': IDX file too long: ", describe(), ", got ", b.size());
+  TANDEM_CHECK(!z || z->at_end(), Format, "'", path, "': IDX file too long: ", describe(),
+               ", but the gzip stream holds more");
   idx.data_offset = header;
   return idx;
 }

@@ -10,12 +10,15 @@
 // so the magic number (the first four bytes as a big-endian uint32) is 2049 (0x00000801) for a
 // label file [N] and 2051 (0x00000803) for an image file [N, rows, cols].
 //
-// Readers load the whole file into memory (decompressing it when it starts with the gzip
-// magic bytes, whatever its name), then validate everything before building a tensor. Every
-// failure names the file:
+// Readers load the whole file into memory, then validate everything before building a tensor.
+// A file that starts with the gzip magic bytes (whatever its name) is inflated step by step:
+// the magic number is checked on the first 4 inflated bytes, and no more than the header
+// declares is ever inflated, so a small .gz cannot make a reader inflate gigabytes to reject
+// it. Every failure names the file:
 //   missing or unreadable file                       -> IOError
 //   bad magic, zero dimension, truncated or oversized
-//   data, corrupt or truncated gzip stream, a label
+//   data, corrupt or truncated gzip stream or one
+//   that holds more than the header declares, a label
 //   outside [0, num_classes)                         -> FormatError (an IOError)
 // Writers write a temporary file next to the target and rename it into place, so a reader
 // never sees a half-written file.

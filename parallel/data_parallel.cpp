@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
+
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -23,7 +25,8 @@ namespace {
 //      attached to its replica's parameters (the device-0 replica's parameters are leaves of
 //      their own sharing the main module's storage, so nothing touches the main .grad yet);
 //   2. sums the n buffers onto devices[0] with the communicator's reduce_sum (stream-ordered:
-//      NCCL's ncclReduce, or copies and adds);
+//      NCCL's ncclReduce, or copies and adds); after a batch smaller than the device count the
+//      devices without rows (and without an output) add a zero buffer;
 //   3. returns per-parameter views of that sum as the gradients of the main module's
 //      parameters (the engine's AccumulateGrad adds them into .grad and fires the hooks once,
 //      with the final gradient) and the replicas' input-leaf gradients for the shards.
@@ -45,13 +48,12 @@ struct ReplicasBackward : autograd::Node {
   autograd::TensorList apply(autograd::TensorList&& grads) override {
     TANDEM_CHECK(!outputs.empty(), Error, name(), ": backward through a graph that was already "
                  "freed; pass retain_graph=true to the first backward to run it twice");
-    const size_t n = outputs.size();
-    std::vector<FlatBuffer> bufs(n);
+    const size_t active = outputs.size();  // replicas that got rows (Note [batches smaller than the device count])
+    std::vector<FlatBuffer> bufs(state->replicas.size());
     state->workers.run([&](size_t r) {
-      if (num_params > 0) {
-        bufs[r] = FlatBuffer(trainable_parameters(*state->replicas[r]));
-        bufs[r].attach();
-      }
+      if (num_params > 0) bufs[r] = FlatBuffer(trainable_parameters(*state->replicas[r]));  // zeros
+      if (r >= active) return;  // no rows: adds zeros to the sum
+      if (num_params > 0) bufs[r].attach();
       for (const Tensor& leaf : input_leaves[r]) leaf.set_grad(Tensor());
       if (grads[r].defined() && outputs[r].requires_grad()) {
         autograd::run_backward({outputs[r]}, {grads[r]}, /*retain_graph=*/true);
@@ -152,7 +154,11 @@ std::vector<Tensor> DataParallel::parallel_apply(const std::vector<Tensor>& inpu
     TANDEM_CHECK(inputs[a].size(0) == inputs[0].size(0), Shape, "DataParallel: input ", a,
                  " has ", inputs[a].size(0), " rows but input 0 has ", inputs[0].size(0));
   }
-  const size_t n = devices_.size();
+  TANDEM_CHECK(inputs[0].size(0) > 0, Value, "DataParallel: empty batch");
+  // A batch of B < n rows runs on the first B devices, one row each, as in PyTorch (Note
+  // [batches smaller than the device count] in trainer.cpp).
+  const size_t n = std::min(devices_.size(), static_cast<size_t>(inputs[0].size(0)));
+  const std::vector<Device> active(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(n));
   last_sizes_ = split_sizes(inputs[0].size(0), n);
   sync_replicas();
 
@@ -164,7 +170,7 @@ std::vector<Tensor> DataParallel::parallel_apply(const std::vector<Tensor>& inpu
   const size_t num_params = edges.size();
   std::vector<std::vector<Tensor>> shards_of(n), leaves_of(n), sources_of(n);
   for (const Tensor& input : inputs) {
-    const std::vector<Tensor> shards = scatter(input, last_sizes_, devices_);
+    const std::vector<Tensor> shards = scatter(input, last_sizes_, active);
     for (size_t r = 0; r < n; ++r) {
       if (recording && shards[r].requires_grad()) {
         Tensor leaf = shards[r].detach();
@@ -181,6 +187,7 @@ std::vector<Tensor> DataParallel::parallel_apply(const std::vector<Tensor>& inpu
 
   std::vector<Tensor> outputs(n);
   state_->workers.run([&](size_t r) {
+    if (r >= n) return;
     outputs[r] = fn(*state_->replicas[r], shards_of[r]);
     TANDEM_CHECK(outputs[r].defined(), Value, "DataParallel: replica ", r, " returned an "
                  "undefined tensor");
@@ -221,9 +228,9 @@ double share(const std::vector<int64_t>& sizes, size_t r) {
 }  // namespace
 
 void DataParallel::backward(const std::vector<Tensor>& losses, double scale) {
-  TANDEM_CHECK(losses.size() == devices_.size() && last_sizes_.size() == devices_.size(), Value,
-               "DataParallel::backward: ", losses.size(), " losses for ", devices_.size(),
-               " devices (pass the losses of the latest replica_losses call)");
+  TANDEM_CHECK(!last_sizes_.empty() && losses.size() == last_sizes_.size(), Value,
+               "DataParallel::backward: ", losses.size(), " losses for ", last_sizes_.size(),
+               " shards (pass the losses of the latest replica_losses call)");
   std::vector<Tensor> grads;
   for (size_t r = 0; r < losses.size(); ++r) {
     const Tensor& l = losses[r];
@@ -235,9 +242,9 @@ void DataParallel::backward(const std::vector<Tensor>& losses, double scale) {
 }
 
 Tensor DataParallel::mean_loss(const std::vector<Tensor>& losses) const {
-  TANDEM_CHECK(losses.size() == devices_.size() && last_sizes_.size() == devices_.size(), Value,
-               "DataParallel::mean_loss: ", losses.size(), " losses for ", devices_.size(),
-               " devices");
+  TANDEM_CHECK(!last_sizes_.empty() && losses.size() == last_sizes_.size(), Value,
+               "DataParallel::mean_loss: ", losses.size(), " losses for ", last_sizes_.size(),
+               " shards");
   Tensor total;
   for (size_t r = 0; r < losses.size(); ++r) {
     Tensor l = losses[r].device() == output_device_ ? losses[r] : to_device(losses[r], output_device_);

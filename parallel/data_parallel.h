@@ -58,18 +58,20 @@ class DataParallel {
   DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                std::optional<Device> output_device = std::nullopt, const std::string& comm = "");
 
-  // x [B, ...] on any device; B >= number of devices (ValueError naming both otherwise).
+  // x [B, ...] on any device, B >= 1. A batch of B < devices().size() rows runs on the first
+  // B devices, one row each (as PyTorch's DataParallel), so every row is used.
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
 
   // The general form: scatters every tensor of `inputs` the same way along dim 0 and runs
   // fn(replica, shards) on each device's worker; returns the per-replica results (on their
-  // devices), differentiable w.r.t. the main module's parameters and the inputs.
+  // devices), differentiable w.r.t. the main module's parameters and the inputs: one per
+  // device, or B of them for a batch of B < devices().size() rows.
   using ReplicaFn = std::function<Tensor(nn::Module& replica, const std::vector<Tensor>& shards)>;
   std::vector<Tensor> parallel_apply(const std::vector<Tensor>& inputs, const ReplicaFn& fn);
 
   // For models that compute their own loss: fn(replica, x_shard, y_shard) returns the mean
-  // loss over the shard (a one-element tensor). Returns one loss per replica.
+  // loss over the shard (a one-element tensor). Returns one loss per shard (as parallel_apply).
   using LossFn = std::function<Tensor(nn::Module& replica, const Tensor& x, const Tensor& y)>;
   std::vector<Tensor> replica_losses(const Tensor& x, const Tensor& y, const LossFn& fn);
   // Backward of every replica loss, weighted by scale * b_r / B (see the header comment),

@@ -1,5 +1,6 @@
 #include "parallel/trainer.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "autograd/grad_mode.h"
@@ -38,16 +39,24 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
                    x.size(0) == y.size(0),
                Shape, "train_batch: need x [B, ...] and labels y [B], got ",
                x.defined() ? x.str() : "undefined", " and ", y.defined() ? y.str() : "undefined");
+  TANDEM_CHECK(x.size(0) > 0, Value, "train_batch: empty batch");
   const size_t n = devices_.size();
   const int64_t batch = x.size(0);
-  const std::vector<int64_t> sizes = split_sizes(batch, n);
+  // Note [batches smaller than the device count]
+  // A batch of B < n rows (the last batch of an epoch, typically) runs on the first B devices,
+  // one row each, as PyTorch's DataParallel does, so every sample is trained on. The other
+  // replicas compute nothing but still join the allreduce with zero gradients and take the same
+  // optimizer step on the same sum, so the replicas stay identical.
+  const size_t active = std::min(n, static_cast<size_t>(batch));
+  const std::vector<Device> active_devices(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(active));
+  const std::vector<int64_t> sizes = split_sizes(batch, active);
 
   // 1. Shards, copied to the devices on their current streams (which the workers use too).
   std::vector<Tensor> xs, ys;
   {
     NoGradGuard no_grad;
-    xs = scatter(x, sizes, devices_);
-    ys = scatter(y, sizes, devices_);
+    xs = scatter(x, sizes, active_devices);
+    ys = scatter(y, sizes, active_devices);
   }
 
   // 3. Forward and backward of every replica at once.
@@ -64,6 +73,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
     if (trace_) span = trace_->span(devices_[r], "forward+backward");
     grads_[r].zero_();
     grads_[r].attach();
+    if (r >= active) return Tensor();  // no rows: a zero gradient for the allreduce
     Tensor logits = replicas_[r]->forward(xs[r]);
     Tensor loss = mul(cross_entropy(logits, ys[r]), double(sizes[r]) / double(batch));
     loss.backward();
@@ -94,7 +104,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
   // The scaled shard losses add up to the global-batch mean.
   DeviceGuard device(devices_[0]);
   Tensor total = losses[0];
-  for (size_t r = 1; r < n; ++r) total = kernels::binary(BinaryOp::Add, total, losses[r].to(devices_[0]));
+  for (size_t r = 1; r < active; ++r) total = kernels::binary(BinaryOp::Add, total, losses[r].to(devices_[0]));
   return total;
 }
 

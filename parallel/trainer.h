@@ -51,7 +51,9 @@ class ScratchTrainer {
   // Replica r scales its shard's mean loss by b_r / B, so the allreduce *sum* of the
   // gradients is the gradient of the global-batch mean, also for uneven shards (Note [loss
   // scaling for uneven shards] in trainer.cpp).
-  // ValueError when B < number of devices or x and y disagree in B.
+  // A batch of B < devices().size() rows runs on the first B devices, one row each; the others
+  // add zero gradients and take the same step (Note [batches smaller than the device count]).
+  // ValueError for an empty batch, ShapeError when x and y disagree in B.
   Tensor train_batch(const Tensor& x, const Tensor& y);
 
   // Rows predicted correctly by train_batch since reset_metrics(): int64 [1] on devices()[0].

@@ -1,9 +1,11 @@
 #include "common/report.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <stdexcept>
 
 namespace tandem::examples {
@@ -27,12 +29,28 @@ void Progress::finish() {
   if (tty_ && last_percent_ >= 0) std::fprintf(stderr, "\r%s\r", std::string(label_.size() + 40, ' ').c_str());
 }
 
+namespace {
+
+[[noreturn]] void csv_error(const std::string& what, const std::string& path, int err) {
+  throw std::runtime_error(what + " '" + path + "': " + std::strerror(err));
+}
+
+}  // namespace
+
 CsvLog::CsvLog(std::string path) : path_(std::move(path)) {
   if (path_.empty()) return;
-  std::ofstream probe(path_ + ".tmp");
-  if (!probe) throw std::runtime_error("cannot write CSV file '" + path_ + "'");
-  probe.close();
-  std::remove((path_ + ".tmp").c_str());
+  // What the first rename would find: the path must not be a directory, and an existing file
+  // must be writable; creating PATH.tmp checks the folder.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) csv_error("cannot write CSV file", path_, EISDIR);
+    if (::access(path_.c_str(), W_OK) != 0) csv_error("cannot write CSV file", path_, errno);
+  }
+  const std::string tmp = path_ + ".tmp";
+  std::FILE* probe = std::fopen(tmp.c_str(), "w");
+  if (probe == nullptr) csv_error("cannot write CSV file", path_, errno);
+  std::fclose(probe);
+  std::remove(tmp.c_str());
 }
 
 void CsvLog::add(const EpochStats& s) {
@@ -42,21 +60,29 @@ void CsvLog::add(const EpochStats& s) {
 }
 
 void CsvLog::flush() const {
-  std::string tmp = path_ + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) throw std::runtime_error("cannot write CSV file '" + tmp + "'");
-    f << "epoch,loss,train_acc,test_acc,seconds,images_per_s\n";
-    char line[256];
-    for (const auto& r : rows_) {
-      std::snprintf(line, sizeof line, "%lld,%.6f,%.6f,%.6f,%.4f,%.1f\n", static_cast<long long>(r.epoch),
-                    r.loss, r.train_acc, r.test_acc, r.seconds, r.images_per_s);
-      f << line;
-    }
-    if (!f.flush()) throw std::runtime_error("failed writing CSV file '" + tmp + "'");
+  const std::string tmp = path_ + ".tmp";
+  std::string text = "epoch,loss,train_acc,test_acc,seconds,images_per_s\n";
+  char line[256];
+  for (const auto& r : rows_) {
+    std::snprintf(line, sizeof line, "%lld,%.6f,%.6f,%.6f,%.4f,%.1f\n", static_cast<long long>(r.epoch), r.loss,
+                  r.train_acc, r.test_acc, r.seconds, r.images_per_s);
+    text += line;
   }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0)
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "'");
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) csv_error("cannot write CSV file", tmp, errno);
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fflush(f) == 0 && ok;
+  const int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    csv_error("failed writing CSV file", tmp, err);
+  }
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    const int rename_err = errno;
+    std::remove(tmp.c_str());  // the previous CSV, if any, stays whole
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "': " + std::strerror(rename_err));
+  }
 }
 
 std::string format_epoch(const EpochStats& s) {

@@ -27,7 +27,9 @@ class Progress {
 
 // Writes the CSV atomically: the whole file is rewritten to PATH.tmp and renamed over PATH after
 // every epoch, so the file on disk always holds complete rows. The constructor checks that the
-// file can be written (IOError-style std::runtime_error naming the path) before training starts.
+// file can be written -- not a directory, not read-only, in a folder that takes files -- before
+// training starts; every failure is a std::runtime_error naming the path and the OS reason, and
+// leaves no PATH.tmp behind.
 class CsvLog {
  public:
   explicit CsvLog(std::string path);

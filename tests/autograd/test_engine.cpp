@@ -50,7 +50,7 @@ TEST_CASE("a diamond graph sums both paths before the shared node runs", "[autog
   REQUIRE(values(y.grad())[0] == Approx(26.0));
 }
 
-TEST_CASE("retain_graph allows a second backward; without it reuse throws", "[autograd]") {
+TEST_CASE("retain_graph allows a second backward, and without it reuse throws", "[autograd]") {
   Tensor x = leaf_of({1.0, 2.0});
   Tensor y = sum(exp(x) * x);
   y.backward(Tensor(), /*retain_graph=*/true);
@@ -121,7 +121,7 @@ TEST_CASE("NoGradGuard records nothing and is thread-local", "[autograd]") {
   REQUIRE((x * 2.0).requires_grad());
 }
 
-TEST_CASE("requires_grad propagates; leaves and dtypes are checked", "[autograd]") {
+TEST_CASE("requires_grad propagates, and leaves and dtypes are checked", "[autograd]") {
   Tensor x = leaf_of({1.0, 2.0});
   Tensor c = from_vector<double>({3.0, 4.0}, {2});
   REQUIRE(x.is_leaf());

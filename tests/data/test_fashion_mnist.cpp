@@ -1,5 +1,6 @@
 // load_fashion_mnist on small synthetic files with the standard names.
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "data/fashion_mnist.h"
@@ -85,6 +86,19 @@ TEST_CASE("fashion_mnist: missing files and wrong image size", "[data]") {
                     false);
   check_throws_containing<FormatError>([&] { load_fashion_mnist(dir.path().string(), false); },
                                        {"t10k-images-idx3-ubyte", "4x3"});
+}
+
+TEST_CASE("fashion_mnist: a directory where a file should be is named as a directory", "[data]") {
+  TempDir dir;
+  write_split(dir, "t10k", 2, 2, false, false);
+  std::filesystem::remove(dir.file("t10k-images-idx3-ubyte"));
+  for (const char* name : {"t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz"}) {
+    DYNAMIC_SECTION(name) {
+      std::filesystem::create_directory(dir.file(name));
+      check_throws_containing<IOError>([&] { load_fashion_mnist(dir.path().string(), false); },
+                                       {"'" + dir.file(name) + "' is a directory"});
+    }
+  }
 }
 
 TEST_CASE("fashion_mnist: class names", "[data]") {

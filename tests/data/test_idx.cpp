@@ -1,4 +1,5 @@
 // IDX reading and writing: round trips (raw and gzip) and every malformed-file error.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -224,5 +225,69 @@ TEST_CASE("idx: malformed files throw errors naming the file", "[data]") {
     check_throws_containing<IOError>([&] { read_idx_images(missing); }, {missing});
     check_throws_containing<IOError>([&] { read_idx_labels(missing); }, {missing});
     check_throws_containing<IOError>([&] { read_idx_images(dir.path().string()); }, {"directory"});
+  }
+}
+
+namespace {
+
+// The bytes of a file.
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// `members` gzip members of 1 MB each, the first starting with `head`, the rest zeros: a
+// ~1 KB-per-MB stream (a "zip bomb" in small).
+std::vector<uint8_t> zero_members(const TempDir& dir, const std::vector<uint8_t>& head, int members) {
+  std::vector<uint8_t> first(size_t(1) << 20, 0), zeros(size_t(1) << 20, 0);
+  std::copy(head.begin(), head.end(), first.begin());
+  write_file_atomic(dir.file("first.gz"), first, true);
+  write_file_atomic(dir.file("zeros.gz"), zeros, true);
+  std::vector<uint8_t> out = file_bytes(dir.file("first.gz"));
+  const std::vector<uint8_t> z = file_bytes(dir.file("zeros.gz"));
+  for (int i = 1; i < members; ++i) out.insert(out.end(), z.begin(), z.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("idx: a gzip stream is inflated no further than the IDX header declares", "[data]") {
+  TempDir dir;
+  SECTION("a bad magic is rejected from the first bytes of 64 MB of zeros") {
+    // Garbage after the members: reaching the end of the stream would report it instead.
+    std::vector<uint8_t> bomb = zero_members(dir, {}, 64);
+    CHECK(bomb.size() < 200000);
+    bomb.insert(bomb.end(), {'j', 'u', 'n', 'k'});
+    write_bytes_raw(dir.file("bomb-images.gz"), bomb);
+    const auto t0 = std::chrono::steady_clock::now();
+    check_throws_containing<FormatError>([&] { read_idx_images(dir.file("bomb-images.gz")); },
+                                         {"bomb-images.gz", "bad IDX magic number 0x00000000"});
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+  }
+  SECTION("a stream longer than declared is rejected after the declared bytes") {
+    // One 28x28 image declared, 64 MB in the stream, and garbage at its end.
+    std::vector<uint8_t> longer = zero_members(dir, idx_file(kIdxImagesMagic, {1, 28, 28}, {}), 64);
+    longer.insert(longer.end(), {'j', 'u', 'n', 'k'});
+    write_bytes_raw(dir.file("long-images.gz"), longer);
+    check_throws_containing<FormatError>([&] { read_idx_images(dir.file("long-images.gz")); },
+                                         {"long-images.gz", "too long", "expected 800 bytes"});
+  }
+  SECTION("a header that claims more than the stream can hold") {
+    std::vector<uint8_t> claim = idx_file(kIdxImagesMagic, {100000, 100, 100}, {1, 2, 3});
+    write_file_atomic(dir.file("claim-images.gz"), claim, true);
+    check_throws_containing<FormatError>([&] { read_idx_images(dir.file("claim-images.gz")); },
+                                         {"claim-images.gz", "truncated", "expected 1000000016 bytes"});
+  }
+  SECTION("a stream shorter than declared, and garbage after a whole stream") {
+    const std::vector<uint8_t> good = idx_file(kIdxLabelsMagic, {5}, kLabels);
+    write_file_atomic(dir.file("short-labels.gz"), std::vector<uint8_t>(good.begin(), good.end() - 2), true);
+    check_throws_containing<FormatError>([&] { read_idx_labels(dir.file("short-labels.gz")); },
+                                         {"short-labels.gz", "truncated", "expected 13", "got 11"});
+    write_file_atomic(dir.file("tail-labels.gz"), good, true);
+    std::vector<uint8_t> tail = file_bytes(dir.file("tail-labels.gz"));
+    tail.insert(tail.end(), {'x', 'y', 'z'});
+    write_bytes_raw(dir.file("tail-labels.gz"), tail);
+    check_throws_containing<FormatError>([&] { read_idx_labels(dir.file("tail-labels.gz")); },
+                                         {"tail-labels.gz", "3 bytes of trailing garbage"});
   }
 }

@@ -160,7 +160,7 @@ TEST_CASE("launch: bad options are ValueErrors", "[dist]") {
 // A test binary may be started without the launcher target built.
 #ifdef TANDEM_RUN_PATH
 
-TEST_CASE("tandem-run: every rank gets the contract; output lines carry the rank", "[dist]") {
+TEST_CASE("tandem-run: every rank gets the contract, and output lines carry the rank", "[dist]") {
   TempDir dir;
   const std::string script =
       "echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "

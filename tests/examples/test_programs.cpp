@@ -97,6 +97,15 @@ TEST_CASE("lenet trains on tiny data and writes its CSV", "[examples]") {
       CHECK(r.output.find("(cosine)") != std::string::npos);
     }
   }
+  SECTION("a last batch of 1 row on two devices runs on one of them") {
+    // 33 images in batches of 16: the last batch has one row, fewer than the devices.
+    for (const char* path : {"scratch", "dp"}) {
+      Result r = run_lenet(dir, common + " --devices cpu:0,cpu:1 --train-limit 33 --parallel " + path);
+      INFO(path << " -> " << r.output);
+      CHECK(r.code == 0);
+      CHECK(r.output.find("epoch   2") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("resnet trains a step on tiny data, on one and two virtual CPU devices", "[examples]") {
@@ -144,6 +153,15 @@ TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "
   Result csv = run_lenet(dir, data + " --device cpu --csv " + dir.file("no/such/dir/run.csv"));
   CHECK(csv.code == 1);
   CHECK(csv.output.find("run.csv") != std::string::npos);
+  // A virtual CPU device out of range is a bad flag that names the value.
+  for (auto [bad, value] : {std::pair<std::string, std::string>{"--device cpu:99999", "'cpu:99999'"},
+                             {"--devices cpu:0,cpu:64", "'cpu:64'"}}) {
+    Result r = run_lenet(dir, data + " " + bad);
+    INFO(bad << " -> " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(value) != std::string::npos);
+    CHECK(r.output.find("cpu:0 to cpu:63") != std::string::npos);
+  }
   // A GPU that does not exist.
   Result gpu = run_lenet(dir, data + " --device cuda:7");
   CHECK(gpu.code == 1);
@@ -155,6 +173,28 @@ TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "
     CHECK(r.code == 2);
     CHECK(r.output.find("multi-process") != std::string::npos);
   }
+}
+
+TEST_CASE("lenet checks its --csv and --data paths before training", "[examples]") {
+  TempDir dir;
+  write_tiny_dataset(dir);
+  const std::string data = "--data " + dir.path().string() + " --no-progress --epochs 1 --device cpu";
+  // A CSV path that is a directory fails before training with the OS reason, leaving nothing.
+  std::filesystem::create_directory(dir.file("csv-dir"));
+  Result csv_dir = run_lenet(dir, data + " --csv " + dir.file("csv-dir"));
+  INFO(csv_dir.output);
+  CHECK(csv_dir.code == 1);
+  CHECK(csv_dir.output.find("csv-dir': Is a directory") != std::string::npos);
+  CHECK(csv_dir.output.find("epoch") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("csv-dir.tmp")));
+  CHECK(std::filesystem::is_empty(dir.file("csv-dir")));
+  // A data file's path that is a directory is named as one.
+  std::filesystem::remove(dir.file("train-images-idx3-ubyte.gz"));
+  std::filesystem::create_directory(dir.file("train-images-idx3-ubyte.gz"));
+  Result r = run_lenet(dir, data);
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.output.find("'" + dir.file("train-images-idx3-ubyte.gz") + "' is a directory") != std::string::npos);
 }
 
 TEST_CASE("lenet --help says the batch is global", "[examples]") {
