@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-pkgs="cmake g++ make libopenblas-dev zlib1g-dev catch2 libgloo-dev dataset-fashion-mnist"
+pkgs="cmake g++ make libopenblas-dev zlib1g-dev catch2 libgloo-dev nlohmann-json3-dev dataset-fashion-mnist"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ] && command -v apt-get >/dev/null; then
