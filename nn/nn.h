@@ -18,4 +18,5 @@
 #include "nn/optim/optimizer.h"
 #include "nn/optim/sgd.h"
 #include "nn/pooling.h"
+#include "nn/serialize.h"
 #include "nn/residual.h"
