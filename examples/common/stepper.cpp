@@ -9,9 +9,11 @@ namespace tandem::examples {
 
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
   if (cfg.optimizer == "adam")
-    return std::make_unique<nn::optim::Adam>(std::move(params), cfg.lr, std::make_pair(0.9, 0.999), 1e-8,
-                                             cfg.weight_decay);
-  return std::make_unique<nn::optim::SGD>(std::move(params), cfg.lr, cfg.momentum, cfg.weight_decay);
+    return std::make_unique<nn::optim::Adam>(
+        std::move(params), nn::optim::AdamOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  return std::make_unique<nn::optim::SGD>(
+      std::move(params),
+      nn::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).weight_decay(cfg.weight_decay));
 }
 
 namespace {

@@ -5,13 +5,12 @@
 
 namespace tandem::nn::optim {
 
-Adam::Adam(std::vector<Tensor> params, double lr, std::pair<double, double> betas, double eps,
-           double weight_decay, bool decoupled_weight_decay)
-    : Optimizer(std::move(params), lr),
-      beta1_(betas.first),
-      beta2_(betas.second),
-      eps_(eps),
-      weight_decay_(weight_decay),
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options, bool decoupled_weight_decay)
+    : Optimizer(std::move(params), options.lr()),
+      beta1_(options.betas().first),
+      beta2_(options.betas().second),
+      eps_(options.eps()),
+      weight_decay_(options.weight_decay()),
       decoupled_(decoupled_weight_decay),
       m_(this->params().size()),
       v_(this->params().size()),

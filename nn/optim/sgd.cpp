@@ -5,19 +5,18 @@
 
 namespace tandem::nn::optim {
 
-SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_decay,
-         double dampening, bool nesterov)
-    : Optimizer(std::move(params), lr),
-      momentum_(momentum),
-      weight_decay_(weight_decay),
-      dampening_(dampening),
-      nesterov_(nesterov),
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
+    : Optimizer(std::move(params), options.lr()),
+      momentum_(options.momentum()),
+      weight_decay_(options.weight_decay()),
+      dampening_(options.dampening()),
+      nesterov_(options.nesterov()),
       buffers_(this->params().size()) {
-  TANDEM_CHECK(momentum >= 0, Value, "SGD: momentum must be >= 0, got ", momentum);
-  TANDEM_CHECK(weight_decay >= 0, Value, "SGD: weight_decay must be >= 0, got ", weight_decay);
-  TANDEM_CHECK(!nesterov || (momentum > 0 && dampening == 0), Value,
-               "SGD: nesterov needs momentum > 0 and dampening 0, got momentum=", momentum,
-               " dampening=", dampening);
+  TANDEM_CHECK(momentum_ >= 0, Value, "SGD: momentum must be >= 0, got ", momentum_);
+  TANDEM_CHECK(weight_decay_ >= 0, Value, "SGD: weight_decay must be >= 0, got ", weight_decay_);
+  TANDEM_CHECK(!nesterov_ || (momentum_ > 0 && dampening_ == 0), Value,
+               "SGD: nesterov needs momentum > 0 and dampening 0, got momentum=", momentum_,
+               " dampening=", dampening_);
 }
 
 SgdParams SGD::kernel_params() const {

@@ -79,7 +79,7 @@ TEST_CASE("conv, BatchNorm and Residual on CUDA match the CPU", "[nn][cuda]") {
   Tensor y = from_vector<int64_t>({0, 1, 2, 3, 0, 1}, {6});
   compare_step(
       net, x, y,
-      [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.05, 0.9, 1e-4); },
+      [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.05, 0.9, 0.0, 1e-4); },
       1e-4);
   net->eval();
   auto gpu_net = net->clone();

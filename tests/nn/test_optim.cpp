@@ -21,8 +21,9 @@ const std::vector<double> kP0{1.0, -2.0, 0.5, 3.0};
 const std::vector<std::vector<double>> kGrads{
     {0.5, -1.0, 0.25, 2.0}, {-0.3, 0.2, 0.7, 1.5}, {0.1, 0.4, -0.6, -0.2}};
 
+// torch.optim.SGD's positional order.
 struct SgdCfg {
-  double lr, momentum, weight_decay, dampening;
+  double lr, momentum, dampening, weight_decay;
   bool nesterov;
 };
 
@@ -103,19 +104,19 @@ TEST_CASE("SGD matches hand-stepped values", "[nn]") {
     CHECK(values(sgd.momentum_buffer(0))[0] == Approx(1.355).margin(1e-14));
   }
   const std::vector<SgdCfg> cfgs{{0.1, 0.0, 0.0, 0.0, false},   {0.05, 0.9, 0.0, 0.0, false},
-                                 {0.05, 0.9, 0.01, 0.0, false}, {0.05, 0.8, 0.0, 0.3, false},
-                                 {0.05, 0.9, 0.02, 0.0, true},  {0.2, 0.0, 0.1, 0.0, false}};
+                                 {0.05, 0.9, 0.0, 0.01, false}, {0.05, 0.8, 0.3, 0.0, false},
+                                 {0.05, 0.9, 0.0, 0.02, true},  {0.2, 0.0, 0.0, 0.1, false}};
   for (const auto& c : cfgs) {
-    INFO("lr " << c.lr << " momentum " << c.momentum << " wd " << c.weight_decay << " dampening "
-               << c.dampening << " nesterov " << c.nesterov);
+    INFO("lr " << c.lr << " momentum " << c.momentum << " dampening " << c.dampening << " wd "
+               << c.weight_decay << " nesterov " << c.nesterov);
     Tensor p = f64(kP0, {4}).set_requires_grad();
-    optim::SGD sgd({p}, c.lr, c.momentum, c.weight_decay, c.dampening, c.nesterov);
+    optim::SGD sgd({p}, c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov);
     check_close(run_three_steps(sgd, p), sgd_reference(c), 1e-12);
   }
   SECTION("float32 parameters") {
-    const SgdCfg c{0.05, 0.9, 0.01, 0.0, true};
+    const SgdCfg c{0.05, 0.9, 0.0, 0.01, true};
     Tensor p = f64(kP0, {4}).to(kFloat32).set_requires_grad();
-    optim::SGD sgd({p}, c.lr, c.momentum, c.weight_decay, c.dampening, c.nesterov);
+    optim::SGD sgd({p}, c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov);
     for (const auto& g : kGrads) {
       p.set_grad(f64(g, {4}).to(kFloat32));
       sgd.step();
@@ -141,8 +142,16 @@ TEST_CASE("Adam and AdamW match hand-stepped values", "[nn]") {
     INFO("lr " << c.lr << " betas " << c.b1 << "," << c.b2 << " wd " << c.weight_decay
                << " decoupled " << c.decoupled);
     Tensor p = f64(kP0, {4}).set_requires_grad();
-    optim::Adam adam({p}, c.lr, {c.b1, c.b2}, c.eps, c.weight_decay, c.decoupled);
-    check_close(run_three_steps(adam, p), adam_reference(c), 1e-12);
+    std::unique_ptr<optim::Adam> adam;
+    if (c.decoupled) {
+      adam = std::make_unique<optim::AdamW>(std::vector<Tensor>{p}, c.lr,
+                                            std::make_pair(c.b1, c.b2), c.eps, c.weight_decay);
+    } else {
+      adam = std::make_unique<optim::Adam>(std::vector<Tensor>{p}, c.lr, std::make_pair(c.b1, c.b2),
+                                           c.eps, c.weight_decay);
+    }
+    CHECK(adam->decoupled_weight_decay() == c.decoupled);
+    check_close(run_three_steps(*adam, p), adam_reference(c), 1e-12);
   }
   SECTION("AdamW defaults to decoupled decay 1e-2") {
     Tensor p = f64(kP0, {4}).set_requires_grad();
@@ -151,6 +160,79 @@ TEST_CASE("Adam and AdamW match hand-stepped values", "[nn]") {
     CHECK(adamw.weight_decay() == 0.01);
     check_close(run_three_steps(adamw, p), adam_reference({0.05, 0.9, 0.999, 1e-8, 0.01, true}),
                 1e-12);
+  }
+}
+
+TEST_CASE("options and positional constructors take torch.optim's order", "[nn]") {
+  SECTION("SGD: options and positional forms step identically") {
+    // Nesterov needs dampening 0, so dampening and nesterov each get their own configuration.
+    const std::vector<SgdCfg> cfgs{{0.05, 0.9, 0.5, 0.01, false}, {0.05, 0.9, 0.0, 0.02, true}};
+    for (const auto& c : cfgs) {
+      INFO("dampening " << c.dampening << " nesterov " << c.nesterov);
+      Tensor p1 = f64(kP0, {4}).set_requires_grad(), p2 = f64(kP0, {4}).set_requires_grad();
+      optim::SGD by_options({p1}, optim::SGDOptions(c.lr)
+                                      .momentum(c.momentum)
+                                      .dampening(c.dampening)
+                                      .weight_decay(c.weight_decay)
+                                      .nesterov(c.nesterov));
+      optim::SGD by_position({p2}, c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov);
+      const std::vector<double> got = run_three_steps(by_options, p1);
+      CHECK(got == run_three_steps(by_position, p2));  // bit for bit
+      check_close(got, sgd_reference(c), 1e-12);
+    }
+  }
+  SECTION("SGD: the fourth positional argument is dampening, the fifth weight decay") {
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    optim::SGD sgd({p}, 0.05, 0.9, 0.5, 0.01);
+    CHECK(sgd.momentum() == 0.9);
+    CHECK(sgd.dampening() == 0.5);
+    CHECK(sgd.weight_decay() == 0.01);
+    CHECK_FALSE(sgd.nesterov());
+    const std::vector<double> got = run_three_steps(sgd, p);
+    check_close(got, sgd_reference({0.05, 0.9, 0.5, 0.01, false}), 1e-12);
+    const std::vector<double> swapped = sgd_reference({0.05, 0.9, 0.01, 0.5, false});
+    CHECK(std::abs(got[0] - swapped[0]) > 1e-3);
+  }
+  SECTION("Adam and AdamW: options and positional forms step identically") {
+    for (bool decoupled : {false, true}) {
+      INFO("decoupled " << decoupled);
+      const AdamCfg c{0.05, 0.8, 0.99, 1e-6, 0.1, decoupled};
+      Tensor p1 = f64(kP0, {4}).set_requires_grad(), p2 = f64(kP0, {4}).set_requires_grad();
+      std::unique_ptr<optim::Adam> by_options, by_position;
+      if (decoupled) {
+        by_options = std::make_unique<optim::AdamW>(
+            std::vector<Tensor>{p1},
+            optim::AdamWOptions(c.lr).betas({c.b1, c.b2}).eps(c.eps).weight_decay(c.weight_decay));
+        by_position = std::make_unique<optim::AdamW>(
+            std::vector<Tensor>{p2}, c.lr, std::make_pair(c.b1, c.b2), c.eps, c.weight_decay);
+      } else {
+        by_options = std::make_unique<optim::Adam>(
+            std::vector<Tensor>{p1},
+            optim::AdamOptions(c.lr).betas({c.b1, c.b2}).eps(c.eps).weight_decay(c.weight_decay));
+        by_position = std::make_unique<optim::Adam>(
+            std::vector<Tensor>{p2}, c.lr, std::make_pair(c.b1, c.b2), c.eps, c.weight_decay);
+      }
+      CHECK(by_options->decoupled_weight_decay() == decoupled);
+      CHECK(by_options->weight_decay() == 0.1);
+      CHECK(by_options->eps() == 1e-6);
+      const std::vector<double> got = run_three_steps(*by_options, p1);
+      CHECK(got == run_three_steps(*by_position, p2));  // bit for bit
+      check_close(got, adam_reference(c), 1e-12);
+    }
+  }
+  SECTION("option defaults follow torch.optim") {
+    CHECK(optim::SGDOptions(0.1).momentum() == 0.0);
+    CHECK(optim::SGDOptions(0.1).dampening() == 0.0);
+    CHECK(optim::SGDOptions(0.1).weight_decay() == 0.0);
+    CHECK_FALSE(optim::SGDOptions(0.1).nesterov());
+    CHECK(optim::AdamOptions().lr() == 1e-3);
+    CHECK(optim::AdamOptions().betas() == std::make_pair(0.9, 0.999));
+    CHECK(optim::AdamOptions().eps() == 1e-8);
+    CHECK(optim::AdamOptions().weight_decay() == 0.0);
+    CHECK(optim::AdamWOptions().weight_decay() == 0.01);
+    Tensor p = f64(kP0, {4}).set_requires_grad();
+    CHECK_THROWS_AS(optim::SGD({p}, optim::SGDOptions(0.1).nesterov(true)), ValueError);
+    CHECK_THROWS_AS(optim::Adam({p}, optim::AdamOptions().betas({0.9, 1.0})), ValueError);
   }
 }
 
@@ -174,7 +256,7 @@ TEST_CASE("Optimizer skips parameters without a gradient and validates input", "
   CHECK(sgd.lr() == 0.5);
   CHECK_THROWS_AS(sgd.set_lr(-1.0), ValueError);
   CHECK_THROWS_AS(optim::SGD({a}, 0.1, 0.0, 0.0, 0.0, true), ValueError);
-  CHECK_THROWS_AS(optim::SGD({a}, 0.1, 0.9, 0.0, 0.5, true), ValueError);
+  CHECK_THROWS_AS(optim::SGD({a}, 0.1, 0.9, 0.5, 0.0, true), ValueError);
   CHECK_THROWS_AS(optim::SGD({a, a}, 0.1), ValueError);
   CHECK_THROWS_AS(optim::SGD({a * 2.0}, 0.1), ValueError);
   CHECK_THROWS_AS(optim::SGD({Tensor()}, 0.1), ValueError);
@@ -232,7 +314,7 @@ TEST_CASE("a coalesced model takes one fused optimizer step with the same result
   using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
   const std::vector<std::pair<const char*, Make>> makers{
       {"sgd", [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.1); }},
-      {"sgd momentum", [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.1, 0.9, 0.01, 0.1); }},
+      {"sgd momentum", [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.1, 0.9, 0.1, 0.01); }},
       {"sgd nesterov", [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.1, 0.9, 0.0, 0.0, true); }},
       {"adam", [](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(ps, 0.05); }},
       {"adamw", [](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(ps, 0.05, std::make_pair(0.9, 0.999), 1e-8, 0.01); }},

@@ -102,7 +102,7 @@ TEST_CASE("a small conv net with BatchNorm and a residual block trains", "[nn]")
                  std::make_shared<Residual>(4, 8, true, 2, gen),  // [8, 8, 7, 7]
                  std::make_shared<GlobalAvgPool2d>(),
                  std::make_shared<Linear>(8, 2, true, gen)};
-  optim::SGD opt(net.parameters(), 0.05, 0.9, 1e-4);
+  optim::SGD opt(net.parameters(), 0.05, 0.9, 0.0, 1e-4);
   double first = 0, last = 0;
   for (int step = 0; step < 20; ++step) {
     opt.zero_grad();
