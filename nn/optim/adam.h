@@ -18,68 +18,42 @@
 
 namespace tandem::nn::optim {
 
-// Adam's hyperparameters with chainable setters: AdamOptions(1e-3).betas({0.9, 0.98}).eps(1e-6).
-struct AdamOptions {
-  explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-
-  AdamOptions& lr(double v) {
-    lr_ = v;
-    return *this;
-  }
-  AdamOptions& betas(std::pair<double, double> v) {
-    betas_ = v;
-    return *this;
-  }
-  AdamOptions& eps(double v) {
-    eps_ = v;
-    return *this;
-  }
-  AdamOptions& weight_decay(double v) {
-    weight_decay_ = v;
-    return *this;
-  }
+// Adam's and AdamW's hyperparameters with chainable setters (Self: the options type the
+// setters return, so AdamWOptions(1e-3).eps(1e-6) stays an AdamWOptions).
+template <typename Self>
+struct AdamOptionsBase {
+  Self& lr(double v) { return set(lr_, v); }
+  Self& betas(std::pair<double, double> v) { return set(betas_, v); }
+  Self& eps(double v) { return set(eps_, v); }
+  Self& weight_decay(double v) { return set(weight_decay_, v); }
 
   double lr() const { return lr_; }
   std::pair<double, double> betas() const { return betas_; }
   double eps() const { return eps_; }
   double weight_decay() const { return weight_decay_; }
 
+ protected:
+  AdamOptionsBase(double lr, double weight_decay) : lr_(lr), weight_decay_(weight_decay) {}
+
  private:
+  template <typename T>
+  Self& set(T& field, T v) {
+    field = v;
+    return static_cast<Self&>(*this);
+  }
   double lr_;
   std::pair<double, double> betas_{0.9, 0.999};
-  double eps_ = 1e-8, weight_decay_ = 0.0;
+  double eps_ = 1e-8, weight_decay_;
 };
 
-// AdamW's hyperparameters: AdamOptions's, with PyTorch's default decay 1e-2.
-struct AdamWOptions {
-  explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
+// AdamOptions(1e-3).betas({0.9, 0.98}).eps(1e-6): torch.optim.Adam's defaults.
+struct AdamOptions : AdamOptionsBase<AdamOptions> {
+  explicit AdamOptions(double lr = 1e-3) : AdamOptionsBase(lr, 0.0) {}
+};
 
-  AdamWOptions& lr(double v) {
-    lr_ = v;
-    return *this;
-  }
-  AdamWOptions& betas(std::pair<double, double> v) {
-    betas_ = v;
-    return *this;
-  }
-  AdamWOptions& eps(double v) {
-    eps_ = v;
-    return *this;
-  }
-  AdamWOptions& weight_decay(double v) {
-    weight_decay_ = v;
-    return *this;
-  }
-
-  double lr() const { return lr_; }
-  std::pair<double, double> betas() const { return betas_; }
-  double eps() const { return eps_; }
-  double weight_decay() const { return weight_decay_; }
-
- private:
-  double lr_;
-  std::pair<double, double> betas_{0.9, 0.999};
-  double eps_ = 1e-8, weight_decay_ = 1e-2;
+// AdamW's: the same, with PyTorch's default decay 1e-2.
+struct AdamWOptions : AdamOptionsBase<AdamWOptions> {
+  explicit AdamWOptions(double lr = 1e-3) : AdamOptionsBase(lr, 1e-2) {}
 };
 
 class Adam : public Optimizer {
