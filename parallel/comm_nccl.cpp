@@ -74,51 +74,53 @@ NcclCommunicator::~NcclCommunicator() {
   }
 }
 
-void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& ts) {
-  check_tensors("allreduce_sum", ts);
+namespace {
+// One NCCL collective over every device's tensor, in place: contiguous 1-D views (copies only
+// for non-contiguous tensors, written back to `write_back` afterwards: every device, or only
+// the root), one group call. enqueue(i, buf, count, type, comm, stream) calls NCCL for device i.
+template <typename Enqueue>
+void in_place_group_call(const char* op, const std::vector<Tensor>& ts, const std::vector<Device>& devices,
+                         const std::vector<void*>& comms, int write_back, Enqueue enqueue) {
   if (ts.size() == 1 || ts[0].numel() == 0) return;
   std::vector<Tensor> flat;
   for (const Tensor& t : ts) flat.push_back(flat_view(t));
   const ncclDataType_t type = nccl_type(ts[0].dtype());
   const size_t count = static_cast<size_t>(ts[0].numel());
-  group_call("allreduce", ts.size(), [&](size_t i) {
-    void* buf = flat[i].raw_data();
-    return ncclAllReduce(buf, buf, count, type, ncclSum, as_comm(comms_[i]),
-                         current_cuda_stream(devices()[i]));
+  group_call(op, ts.size(), [&](size_t i) {
+    return enqueue(i, flat[i].raw_data(), count, type, as_comm(comms[i]), current_cuda_stream(devices[i]));
   });
-  for (size_t i = 0; i < ts.size(); ++i) copy_back_if_needed(ts[i], flat[i]);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (write_back < 0 || static_cast<size_t>(write_back) == i) copy_back_if_needed(ts[i], flat[i]);
+  }
+}
+}  // namespace
+
+void NcclCommunicator::allreduce_sum(const std::vector<Tensor>& ts) {
+  check_tensors("allreduce_sum", ts);
+  in_place_group_call("allreduce", ts, devices(), comms_, -1,
+                      [](size_t, void* buf, size_t n, ncclDataType_t type, ncclComm_t comm, cudaStream_t s) {
+                        return ncclAllReduce(buf, buf, n, type, ncclSum, comm, s);
+                      });
 }
 
 void NcclCommunicator::broadcast(const std::vector<Tensor>& ts, size_t root) {
   check_tensors("broadcast", ts);
   check_root("broadcast", root);
-  if (ts.size() == 1 || ts[0].numel() == 0) return;
-  std::vector<Tensor> flat;
-  for (const Tensor& t : ts) flat.push_back(flat_view(t));
-  const ncclDataType_t type = nccl_type(ts[0].dtype());
-  const size_t count = static_cast<size_t>(ts[0].numel());
-  group_call("broadcast", ts.size(), [&](size_t i) {
-    void* buf = flat[i].raw_data();
-    return ncclBroadcast(buf, buf, count, type, static_cast<int>(root), as_comm(comms_[i]),
-                         current_cuda_stream(devices()[i]));
-  });
-  for (size_t i = 0; i < ts.size(); ++i) copy_back_if_needed(ts[i], flat[i]);
+  const int r = static_cast<int>(root);
+  in_place_group_call("broadcast", ts, devices(), comms_, -1,
+                      [r](size_t, void* buf, size_t n, ncclDataType_t type, ncclComm_t comm, cudaStream_t s) {
+                        return ncclBroadcast(buf, buf, n, type, r, comm, s);
+                      });
 }
 
 void NcclCommunicator::reduce_sum(const std::vector<Tensor>& ts, size_t root) {
   check_tensors("reduce_sum", ts);
   check_root("reduce_sum", root);
-  if (ts.size() == 1 || ts[0].numel() == 0) return;
-  std::vector<Tensor> flat;
-  for (const Tensor& t : ts) flat.push_back(flat_view(t));
-  const ncclDataType_t type = nccl_type(ts[0].dtype());
-  const size_t count = static_cast<size_t>(ts[0].numel());
-  group_call("reduce", ts.size(), [&](size_t i) {
-    void* buf = flat[i].raw_data();
-    return ncclReduce(buf, buf, count, type, ncclSum, static_cast<int>(root), as_comm(comms_[i]),
-                      current_cuda_stream(devices()[i]));
-  });
-  copy_back_if_needed(ts[root], flat[root]);
+  const int r = static_cast<int>(root);
+  in_place_group_call("reduce", ts, devices(), comms_, r,
+                      [r](size_t, void* buf, size_t n, ncclDataType_t type, ncclComm_t comm, cudaStream_t s) {
+                        return ncclReduce(buf, buf, n, type, ncclSum, r, comm, s);
+                      });
 }
 
 #else  // built without NCCL

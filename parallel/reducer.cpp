@@ -90,12 +90,8 @@ void Reducer::prepare_for_backward() {
       const Tensor& p = params_[bucket.params[k]];
       const Tensor g = p.grad();
       if (g.same(bucket.views[k])) continue;
-      if (!none_attached) {
-        if (g.defined()) bucket.views[k].copy_(g);
-        else bucket.views[k].zero_();
-      } else if (g.defined()) {
-        bucket.views[k].copy_(g);
-      }
+      if (g.defined()) bucket.views[k].copy_(g);  // something set its own .grad: keep its values
+      else if (!none_attached) bucket.views[k].zero_();
       p.set_grad(bucket.views[k]);
     }
   }

@@ -21,26 +21,11 @@ namespace tandem::nn::optim {
 struct SGDOptions {
   explicit SGDOptions(double lr) : lr_(lr) {}
 
-  SGDOptions& lr(double v) {
-    lr_ = v;
-    return *this;
-  }
-  SGDOptions& momentum(double v) {
-    momentum_ = v;
-    return *this;
-  }
-  SGDOptions& dampening(double v) {
-    dampening_ = v;
-    return *this;
-  }
-  SGDOptions& weight_decay(double v) {
-    weight_decay_ = v;
-    return *this;
-  }
-  SGDOptions& nesterov(bool v) {
-    nesterov_ = v;
-    return *this;
-  }
+  SGDOptions& lr(double v) { lr_ = v; return *this; }
+  SGDOptions& momentum(double v) { momentum_ = v; return *this; }
+  SGDOptions& dampening(double v) { dampening_ = v; return *this; }
+  SGDOptions& weight_decay(double v) { weight_decay_ = v; return *this; }
+  SGDOptions& nesterov(bool v) { nesterov_ = v; return *this; }
 
   double lr() const { return lr_; }
   double momentum() const { return momentum_; }

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <map>
 #include <sstream>
-#include <thread>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -118,13 +117,8 @@ void DistributedDataParallel::check_same_model_everywhere() {
 
   auto compare = [&](int other) {
     const std::string k = key + std::to_string(other);
-    const auto deadline = std::chrono::steady_clock::now() + group_->options().timeout;
-    while (!store.check({k})) {
-      group_->check_healthy();
-      TANDEM_CHECK(std::chrono::steady_clock::now() < deadline, Timeout, "DistributedDataParallel on rank ", rank,
-                   ": timed out waiting for rank ", other, "'s model description");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    TANDEM_CHECK(group_->wait_for_key(k), Timeout, "DistributedDataParallel on rank ", rank,
+                 ": timed out waiting for rank ", other, "'s model description");
     const std::string theirs = store.get_string(k);
     if (theirs == mine) return;
     std::istringstream a(theirs), b(mine);

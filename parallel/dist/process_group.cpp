@@ -304,15 +304,9 @@ void ProcessGroup::fingerprint(const Call& c) {
   store_->set(key + std::to_string(rank_), mine);
   if (rank_ == 0) return;
   const std::string root_key = key + "0";
-  // Polled rather than a blocking wait, so the monitor can keep using the store meanwhile.
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  while (!store_->check({root_key})) {
+  if (!wait_for_key(root_key)) {
+    fail(failure_message(c, "timed out after " + seconds_str(options_.timeout) + " comparing collectives"), true);
     check_healthy();
-    if (std::chrono::steady_clock::now() > deadline) {
-      fail(failure_message(c, "timed out after " + seconds_str(options_.timeout) + " comparing collectives"), true);
-      check_healthy();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const std::string theirs = store_->get_string(root_key);
   if (theirs != mine) {
@@ -322,6 +316,16 @@ void ProcessGroup::fingerprint(const Call& c) {
          false);
     check_healthy();
   }
+}
+
+bool ProcessGroup::wait_for_key(const std::string& key) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  while (!store_->check({key})) {
+    check_healthy();
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 WorkPtr ProcessGroup::allreduce(const Tensor& t, ReduceOp op) {

@@ -120,6 +120,11 @@ class ProcessGroup {
   // cover device() and outlive its use here.
   void set_trace(Trace* trace) { trace_.store(trace); }
 
+  // Waits until `key` exists in the group's store: true then, false once options().timeout has
+  // passed; rethrows the group's error if it fails meanwhile. Polled rather than a blocking
+  // wait, so the monitor can keep using the store at the same time.
+  bool wait_for_key(const std::string& key);
+
   // Throws the error that ended this group (a failed collective, a dead rank); no-op while
   // the group is healthy. Every collective calls it first.
   void check_healthy() const;

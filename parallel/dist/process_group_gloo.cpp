@@ -68,7 +68,7 @@ class GlooStore : public gloo::rendezvous::Store {
 // A collective queued on (or run by) the group's thread.
 class GlooWork : public Work {
  public:
-  GlooWork(ProcessGroup* group, Milliseconds timeout) : group_(group), timeout_(timeout) {}
+  explicit GlooWork(ProcessGroup* group) : group_(group) {}
 
   void wait() override { synchronize(); }
   void synchronize() override {
@@ -99,7 +99,6 @@ class GlooWork : public Work {
 
  private:
   ProcessGroup* group_;
-  Milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -334,10 +333,10 @@ class ProcessGroupGloo final : public ProcessGroup {
   static uint32_t tag(const Call& c) { return static_cast<uint32_t>(c.seq); }
 
   WorkPtr enqueue(const Call& c, Job job) {
-    auto work = std::make_shared<GlooWork>(this, options_.timeout);
+    auto work = std::make_shared<GlooWork>(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({c.str(), c, std::move(job), work});
+      queue_.push_back({c, std::move(job), work});
     }
     cv_.notify_all();
     return work;
@@ -384,7 +383,6 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   struct Item {
-    std::string desc;
     Call call;
     Job job;
     std::shared_ptr<GlooWork> work;

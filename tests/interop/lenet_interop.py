@@ -10,7 +10,7 @@
 Usage: lenet_interop.py TANDEM_TESTS [--data DIR] [--keep]
 Exit code 77 (a skip for ctest) when torch or safetensors cannot be imported.
 """
-import argparse, gzip, os, shutil, struct, subprocess, sys, tempfile
+import argparse, os, shutil, subprocess, sys, tempfile
 
 try:
     import numpy as np
@@ -22,33 +22,16 @@ except ImportError as e:
     print(f"skipped: {e} (install python3-torch, python3-numpy and pip's safetensors)")
     sys.exit(77)
 
+# d2l's LeNet and the IDX reader of the benchmarks: the same model tandem's nn::models::lenet builds.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import torch_lenet  # noqa: E402
+
 LOGIT_TOL = 1e-5
 
 
-def lenet():
-    """d2l's LeNet, as bench/torch_lenet.py and tandem's nn::models::lenet build it."""
-    return nn.Sequential(
-        nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2, 2),
-        nn.Conv2d(6, 16, kernel_size=5), nn.Sigmoid(), nn.AvgPool2d(2, 2),
-        nn.Flatten(), nn.Linear(400, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid(),
-        nn.Linear(84, 10))
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    magic, = struct.unpack(">I", data[:4])
-    ndim = magic & 0xFF
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
 def fashion_mnist(data_dir, train, limit):
-    prefix = "train" if train else "t10k"
-    x = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))[:limit]
-    y = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))[:limit]
-    x = torch.from_numpy(x.astype(np.float32) / 255.0).unsqueeze(1)
-    return x, torch.from_numpy(y.astype(np.int64))
+    x, y = torch_lenet.load(data_dir, train)
+    return x[:limit], y[:limit]
 
 
 def have_data(data_dir):
@@ -85,7 +68,7 @@ def tandem_to_torch(tandem_tests, workdir):
     check(meta.get("format") == "pt" and meta.get("model") == "lenet"
           and meta.get("tandem.checksum", "").startswith("crc32:"),
           f"(a) tandem's metadata reads in safetensors: {meta}")
-    net = lenet().eval()
+    net = torch_lenet.lenet().eval()
     net.load_state_dict(load_file(path), strict=True)  # names, shapes and dtypes must match
     print("ok   (a) tandem's checkpoint loads into PyTorch's LeNet (strict)")
     io = load_file(os.path.join(workdir, "tandem_io.safetensors"))
@@ -116,7 +99,7 @@ def accuracy(net, x, y):
 
 def torch_to_tandem(tandem_tests, workdir, data_dir):
     torch.manual_seed(0)
-    net = lenet()
+    net = torch_lenet.lenet()
     with torch.no_grad():
         for name, p in net.named_parameters():
             if name.endswith(".bias"):
@@ -152,7 +135,7 @@ def torch_to_tandem(tandem_tests, workdir, data_dir):
     acc_tandem = (out["predictions"] == ty).double().mean().item()
     check(abs(acc_torch - acc_tandem) <= 0.001 + 1e-12,
           f"(b) test accuracy on 1000 images: PyTorch {acc_torch:.3f}, tandem {acc_tandem:.3f}")
-    back = lenet().eval()
+    back = torch_lenet.lenet().eval()
     back.load_state_dict(resaved, strict=True)
     acc_back = accuracy(back, tx, ty)
     check(abs(acc_back - acc_tandem) <= 0.001 + 1e-12,
