@@ -11,6 +11,8 @@
 
 #include "common/cli.h"
 #include "data/fashion_mnist.h"
+#include "core/allocator.h"
+#include "kernels/backend.h"
 #include "nn/models/lenet.h"
 #include "nn/models/resnet.h"
 
@@ -61,14 +63,18 @@ int main(int argc, char** argv) {
     if (cfg.bucket_cap_mb != 25.0) ddp_variant += ",cap" + std::to_string(static_cast<int>(cfg.bucket_cap_mb));
     if (cfg.group && cfg.group->options().high_priority_stream) ddp_variant += ",hi-prio";
     std::string path = cfg.group ? "ddp/" + cfg.group->backend() + ddp_variant
-                       : cfg.devices.size() == 1 ? "eager"
+                       : cfg.devices.size() == 1
+                           ? (cfg.cuda_graph && cfg.devices.front().is_cuda() && cfg.optimizer != "adam" ? "graph" : "eager")
                                                  : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
+    if (cfg.devices.front().is_cuda() && cudnn_benchmark()) path += "+bench";
+    if (cfg.devices.front().is_cuda() && !cudnn_deterministic()) path += "+nondet";
     const size_t devices = cfg.group ? static_cast<size_t>(cfg.group->size()) : cfg.devices.size();
     if (!reports(cfg)) return 0;  // rank 0 prints the job's line
     std::printf("{\"framework\": \"tandem\", \"model\": \"%s\", \"path\": \"%s\", \"devices\": %zu, "
-                "\"batch_size\": %lld, \"median_s\": %.5f, \"images_per_s\": %.1f, \"train_acc\": %.4f}\n",
+                "\"batch_size\": %lld, \"median_s\": %.5f, \"images_per_s\": %.1f, \"train_acc\": %.4f, "
+                "\"peak_mb\": %.1f}\n",
                 model.c_str(), path.c_str(), devices, static_cast<long long>(cfg.batch_size), median,
-                ips, acc);
+                ips, acc, static_cast<double>(max_allocated_bytes(cfg.devices.front())) / (1 << 20));
     return 0;
   } catch (const ArgsError& e) {
     std::fprintf(stderr, "bench_train: %s\n", e.what());

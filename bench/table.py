@@ -9,10 +9,12 @@ for r in rows:
 for r in kinds.get("train", []):
     pass
 if kinds.get("train"):
-    print(f"{'model':<9} {'framework':<9} {'path':<24} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10}")
+    print(f"{'model':<9} {'framework':<9} {'path':<24} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10} "
+          f"{'peak MB':>8}")
     for r in kinds["train"]:
+        peak = f"{r['peak_mb']:>8.0f}" if "peak_mb" in r else f"{'':>8}"
         print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<24} {r['devices']:>3} {r['batch_size']:>5} "
-              f"{r['median_s']:>8.3f} {r['images_per_s']:>10.0f}")
+              f"{r['median_s']:>8.3f} {r['images_per_s']:>10.0f} {peak}")
 if kinds.get("allreduce"):
     print()
     print(f"{'allreduce':<10} {'framework':<9} {'bytes':>10} {'time_us':>9} {'busbw_GB/s':>11}")

@@ -75,6 +75,7 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
 
     for path in args.paths.split(","):
+        torch.cuda.reset_peak_memory_stats(dev)
         net = lenet().to(dev)
         opt = torch.optim.SGD(net.parameters(), lr=0.9)
 
@@ -128,6 +129,7 @@ def main():
                           "devices": 1, "batch_size": bs,
                           "median_s": statistics.median(times), "epochs_s": times,
                           "images_per_s": (n // bs) * bs / statistics.median(times),
+                          "peak_mb": torch.cuda.max_memory_allocated(dev) / 2**20,
                           "version": torch.__version__}), flush=True)
 
 

@@ -84,6 +84,7 @@ def emit(**kw):
 def single_or_dp(args, model, path, x, y):
     dev = torch.device("cuda:0")
     net = make(model).to(dev)
+    torch.cuda.reset_peak_memory_stats(dev)  # after the first allocation: before it, CUDA is not set up
     if path == "dp":
         net = nn.DataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=lr_of(model))
@@ -102,7 +103,8 @@ def single_or_dp(args, model, path, x, y):
     ndev = torch.cuda.device_count() if path == "dp" else 1
     med = statistics.median(t)
     emit(framework="pytorch", model=model, path=("eager" if path == "1gpu" else "DataParallel") + bench_tag(args),
-         devices=ndev, batch_size=bs, median_s=med, images_per_s=(n // bs) * bs / med, epochs_s=t)
+         devices=ndev, batch_size=bs, median_s=med, images_per_s=(n // bs) * bs / med, epochs_s=t,
+         peak_mb=torch.cuda.max_memory_allocated(dev) / 2**20)
 
 
 def ddp_worker(rank, world, args, model, port, q):

@@ -3,11 +3,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
 #ifdef TANDEM_WITH_CUDA
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 #endif
 
 namespace tandem {
@@ -17,13 +19,23 @@ namespace {
 constexpr int kMaxTrackedDevices = 64;
 std::atomic<int64_t> g_cpu_bytes{0};
 std::atomic<int64_t> g_cuda_bytes[kMaxTrackedDevices];
+std::atomic<int64_t> g_cpu_peak{0};
+std::atomic<int64_t> g_cuda_peak[kMaxTrackedDevices];
+
+// Adds n to `bytes` and raises `peak` to the new value when it is higher.
+void count_allocation(std::atomic<int64_t>& bytes, std::atomic<int64_t>& peak, int64_t n) {
+  const int64_t now = bytes.fetch_add(n, std::memory_order_relaxed) + n;
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
 
 DataPtr allocate_cpu(size_t nbytes) {
   // 64-byte alignment: whole cache lines, and what AVX-512 loads like.
   size_t rounded = (nbytes + 63) / 64 * 64;
   void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
   TANDEM_CHECK(p || rounded == 0, Error, "out of host memory allocating ", nbytes, " bytes");
-  g_cpu_bytes += static_cast<int64_t>(nbytes);
+  count_allocation(g_cpu_bytes, g_cpu_peak, static_cast<int64_t>(nbytes));
   return DataPtr(p, [nbytes](void* q) {
     std::free(q);
     g_cpu_bytes -= static_cast<int64_t>(nbytes);
@@ -48,6 +60,78 @@ void prepare_pool(int index) {
   g_pool_ready[index].store(true, std::memory_order_release);
 }
 
+// Note [allocation under graph capture] (allocator.h). The records of the streams being
+// captured and the blocks of abandoned captures, under one lock; `g_capture_users` counts
+// both, so that outside captures allocate() and free pay one relaxed atomic load.
+std::mutex g_capture_mu;
+std::vector<CaptureMemory*> g_capturing;
+std::unordered_map<void*, size_t> g_abandoned;  // graph blocks whose frees are dropped
+std::atomic<int> g_capture_users{0};
+
+void free_cuda_block(Device d, cudaStream_t stream, void* q, size_t nbytes);
+#endif
+
+}  // namespace
+
+#ifdef TANDEM_WITH_CUDA
+class CaptureMemory {
+ public:
+  CaptureMemory(Device d, cudaStream_t s) : device(d), stream(s) {}
+  ~CaptureMemory() {
+    // The graph that could read these blocks is gone (CUDAGraph destroys its executable
+    // first): free them now, in stream order.
+    for (const auto& [q, nbytes] : retained) free_cuda_block(device, stream, q, nbytes);
+  }
+  Device device;
+  cudaStream_t stream;
+  bool capturing = true;
+  std::unordered_map<void*, size_t> graph_blocks;  // allocated during the capture, still held
+  std::vector<std::pair<void*, size_t>> retained;  // allocated before, released during it
+};
+
+namespace {
+
+CaptureMemory* record_of(cudaStream_t stream) {  // under g_capture_mu
+  for (CaptureMemory* r : g_capturing) {
+    if (r->stream == stream) return r;
+  }
+  return nullptr;
+}
+
+void free_cuda_block(Device d, cudaStream_t stream, void* q, size_t nbytes) {
+  DeviceGuard g(d);
+  TANDEM_CUDA_CHECK_LOG(cudaFreeAsync(q, stream));
+  g_cuda_bytes[d.index] -= static_cast<int64_t>(nbytes);
+}
+
+// The free of block q of `stream` while some capture is under way or was abandoned: true
+// when it was taken care of here (kept for a graph, or dropped), false for an ordinary free.
+bool free_during_captures(cudaStream_t stream, void* q, size_t nbytes, Device d) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (auto it = g_abandoned.find(q); it != g_abandoned.end()) {
+    g_abandoned.erase(it);
+    g_capture_users.fetch_sub(1, std::memory_order_relaxed);
+    g_cuda_bytes[d.index] -= static_cast<int64_t>(nbytes);
+    return true;
+  }
+  CaptureMemory* r = record_of(stream);
+  if (r == nullptr) return false;
+  if (r->graph_blocks.erase(q) > 0) {
+    // The graph's own block: its free becomes a free node -- unless the capture has already
+    // failed (an exception unwinding the captured code), when there is no graph to free it.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusInvalidated) {
+      return false;
+    }
+    (void)cudaGetLastError();
+    g_cuda_bytes[d.index] -= static_cast<int64_t>(nbytes);
+    return true;
+  }
+  r->retained.emplace_back(q, nbytes);
+  return true;
+}
+
 DataPtr allocate_cuda(Device d, size_t nbytes) {
   check_device_exists(d);
   TANDEM_CHECK(d.index < kMaxTrackedDevices, Device, "device ", d.str(), " index too large");
@@ -59,17 +143,23 @@ DataPtr allocate_cuda(Device d, size_t nbytes) {
   cudaError_t err = cudaMallocAsync(&p, nbytes, stream);
   TANDEM_CHECK(err == cudaSuccess, Cuda, "out of memory on ", d.str(), " allocating ", nbytes,
                " bytes (", cudaGetErrorString(err), ")");
-  g_cuda_bytes[d.index] += static_cast<int64_t>(nbytes);
+  count_allocation(g_cuda_bytes[d.index], g_cuda_peak[d.index], static_cast<int64_t>(nbytes));
+  if (g_capture_users.load(std::memory_order_relaxed) != 0) {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    if (CaptureMemory* r = record_of(stream)) r->graph_blocks.emplace(p, nbytes);
+  }
   // See Note [stream-ordered free] in allocator.h: free on the allocating stream.
   return DataPtr(p, [d, stream, nbytes](void* q) {
-    DeviceGuard g(d);
-    TANDEM_CUDA_CHECK_LOG(cudaFreeAsync(q, stream));
-    g_cuda_bytes[d.index] -= static_cast<int64_t>(nbytes);
+    if (g_capture_users.load(std::memory_order_relaxed) != 0 &&
+        free_during_captures(stream, q, nbytes, d)) {
+      return;
+    }
+    free_cuda_block(d, stream, q, nbytes);
   });
 }
-#endif
 
 }  // namespace
+#endif
 
 DataPtr allocate(Device d, size_t nbytes) {
   if (d.is_cpu()) return allocate_cpu(nbytes);
@@ -79,6 +169,62 @@ DataPtr allocate(Device d, size_t nbytes) {
   check_device_exists(d);  // throws: built without CUDA
   return nullptr;
 #endif
+}
+
+std::shared_ptr<CaptureMemory> capture_memory_begin(Device d, void* stream) {
+#ifdef TANDEM_WITH_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+  auto record = std::make_shared<CaptureMemory>(d, s);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  TANDEM_CHECK(record_of(s) == nullptr, Value, "graph capture: a capture of this stream of ",
+               d.str(), " is already under way");
+  g_capturing.push_back(record.get());
+  g_capture_users.fetch_add(1, std::memory_order_relaxed);
+  return record;
+#else
+  TANDEM_THROW(Device, "graph capture needs a CUDA build (", d.str(), ")");
+#endif
+}
+
+size_t capture_memory_end(CaptureMemory& record) {
+#ifdef TANDEM_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  if (!record.capturing) return 0;
+  record.capturing = false;
+  std::erase(g_capturing, &record);
+  g_capture_users.fetch_sub(1, std::memory_order_relaxed);
+  size_t held = 0;
+  for (const auto& [q, nbytes] : record.graph_blocks) held += nbytes;
+  return held;
+#else
+  return 0;
+#endif
+}
+
+void capture_memory_abandon(CaptureMemory& record) {
+#ifdef TANDEM_WITH_CUDA
+  capture_memory_end(record);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  for (const auto& block : record.graph_blocks) {
+    g_abandoned.insert(block);
+    g_capture_users.fetch_add(1, std::memory_order_relaxed);
+  }
+  record.graph_blocks.clear();
+#endif
+}
+
+size_t max_allocated_bytes(Device d) {
+  if (d.is_cpu()) return static_cast<size_t>(g_cpu_peak.load());
+  if (d.index < 0 || d.index >= kMaxTrackedDevices) return 0;
+  return static_cast<size_t>(g_cuda_peak[d.index].load());
+}
+
+void reset_max_allocated_bytes(Device d) {
+  if (d.is_cpu()) {
+    g_cpu_peak = g_cpu_bytes.load();
+  } else if (d.index >= 0 && d.index < kMaxTrackedDevices) {
+    g_cuda_peak[d.index] = g_cuda_bytes[d.index].load();
+  }
 }
 
 size_t allocated_bytes(Device d) {

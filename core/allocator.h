@@ -26,5 +26,30 @@ DataPtr allocate(Device d, size_t nbytes);
 
 // Bytes currently held by live tensors on a device (for tests and diagnostics).
 size_t allocated_bytes(Device d);
+// The most allocated_bytes(d) has been since the start or the last reset (PyTorch's
+// torch.cuda.max_memory_allocated / reset_peak_memory_stats). A CUDA graph's memory counts as
+// it was during the capture: a replay allocates the same blocks again.
+size_t max_allocated_bytes(Device d);
+void reset_max_allocated_bytes(Device d);
+
+// Note [allocation under graph capture]: while a CUDA stream is captured into a graph
+// (core/cuda_graph.h), cudaMallocAsync on it adds an allocation node to the graph and
+// cudaFreeAsync a free node -- but a free node may only free the graph's own allocations. So
+// for the duration of a capture the allocator keeps a record of the stream: blocks allocated
+// during the capture are the graph's, and their frees become free nodes (the usual case: a
+// step's activations are made and released inside the step); a block allocated *before* the
+// capture and released during it is not freed at all but handed to the record, because the
+// captured work may still read it at every replay -- it is freed when the graph is destroyed.
+// A graph block still held by a tensor when the capture ends would outlive the graph's own
+// free nodes: capture_memory_end reports it, and CUDAGraph refuses such a capture.
+class CaptureMemory;
+// Starts the record for `stream` (a cudaStream_t) of device d. One record per stream.
+std::shared_ptr<CaptureMemory> capture_memory_begin(Device d, void* stream);
+// Ends the record's capture: later frees of the stream are ordinary again. Returns the bytes
+// allocated during the capture that live tensors still hold.
+size_t capture_memory_end(CaptureMemory& record);
+// Marks the capture as failed: frees of its blocks are dropped silently (the capture that
+// would have freed them no longer exists; the blocks were never backed).
+void capture_memory_abandon(CaptureMemory& record);
 
 }  // namespace tandem

@@ -160,15 +160,30 @@ class Backend {
 //   of the CPU (the test suite turns it off). Environment: TANDEM_ALLOW_TF32=0 turns it off.
 //   Matrix products (cuBLAS) always run in full float32, as PyTorch's default.
 // cudnn_benchmark (default false, as torch.backends.cudnn.benchmark): time cuDNN's candidate
-//   algorithms once per shape (cudnnFind*, which synchronizes once per shape) instead of
-//   trusting its heuristics. Environment: TANDEM_CUDNN_BENCHMARK=1 turns it on.
+//   engines once per configuration instead of trusting its heuristics' first choice (graph-API
+//   engines, Note [measured engine choice] in kernels/cuda/cudnn_graph.h; cudnnFind* on the
+//   legacy path), which synchronizes once per configuration: warm up before capturing a CUDA
+//   graph. Environment: TANDEM_CUDNN_BENCHMARK=1 turns it on.
 // cudnn_graph_api (default true): convolutions run through cuDNN's graph API with execution
 //   plans cached per configuration, far cheaper per call on the host than cuDNN's legacy entry
 //   points (Note [cuDNN graph vs legacy calls] in kernels/cuda/cudnn_graph.h). Off, or when no
 //   graph engine takes a configuration, or in benchmark mode: the legacy calls.
 //   Environment: TANDEM_CUDNN_LEGACY=1 turns it off.
+// cudnn_deterministic (default true; torch.backends.cudnn.deterministic, whose default is
+//   false): only deterministic cuDNN engines, so a run repeats bit for bit
+//   (Note [deterministic reductions]). Off: nondeterministic engines (atomic accumulation)
+//   may be chosen where cuDNN ranks or times them first. Environment:
+//   TANDEM_CUDNN_DETERMINISTIC=0 turns it off.
+// direct_wgrad (default true): the weight gradient of convolutions with few input channels
+//   comes from tandem's own deterministic kernels instead of cuDNN's heuristics' choice (Note
+//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); not in benchmark mode, which times
+//   cuDNN's engines. Environment: TANDEM_DIRECT_WGRAD=0 turns it off.
+void set_direct_wgrad(bool on);
+bool direct_wgrad();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
+void set_cudnn_deterministic(bool on);
+bool cudnn_deterministic();
 void set_allow_tf32(bool on);
 bool allow_tf32();
 void set_cudnn_benchmark(bool on);

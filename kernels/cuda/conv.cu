@@ -34,6 +34,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_graph.h"
+#include "kernels/cuda/conv_wgrad.h"
 #include "kernels/cuda/cudnn_util.h"
 #include "kernels/cuda/handles.h"
 
@@ -161,7 +162,7 @@ void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device devic
     for (int i = 0; i < got; ++i) {
       const auto& r = perf[i];
       if (r.status != CUDNN_STATUS_SUCCESS) continue;
-      if (pass == 0 && r.determinism != CUDNN_DETERMINISTIC) continue;
+      if (pass == 0 && cudnn_deterministic() && r.determinism != CUDNN_DETERMINISTIC) continue;
       if (dtype == kFloat32 && !tf32_for(dtype) && (r.mathType == CUDNN_TENSOR_OP_MATH ||
                                 r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
         continue;  // Note [TF32]
@@ -191,7 +192,7 @@ const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
                 xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                 tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0, alignment,
-                cudnn_graph_api() ? 1 : 0};
+                (cudnn_graph_api() ? 1 : 0) + (cudnn_deterministic() ? 2 : 0)};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
@@ -212,8 +213,12 @@ const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
   TANDEM_CHECK(n == ys[0] && k == ys[1] && oh == ys[2] && ow == ys[3], Shape, "conv2d: x ",
                shape_str(xs), ", w ", shape_str(ws), " give an output [", n, ",", k, ",", oh, ",",
                ow, "], not ", shape_str(ys));
-  if (!benchmark_mode() && cudnn_graph_api()) {
-    plan->graph = ConvGraph::build(h, pass, dtype, xs, ws, ys, p, alignment, tf32_for(dtype), kMaxWorkspace);
+  if (cudnn_graph_api()) {
+    // Note [measured engine choice]: in benchmark mode the engines are timed on these buffers.
+    const ConvGraph::TimedBuffers timed{device, const_cast<void*>(bufs.x), const_cast<void*>(bufs.w),
+                                        const_cast<void*>(bufs.y)};
+    plan->graph = ConvGraph::build(h, pass, dtype, xs, ws, ys, p, alignment, tf32_for(dtype),
+                                   cudnn_deterministic(), kMaxWorkspace, benchmark_mode() ? &timed : nullptr);
   }
   if (plan->graph) {
     plan->workspace = plan->graph->workspace();
@@ -287,6 +292,11 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
   if (x.numel() == 0 || dy.numel() == 0) {  // an empty batch contributes nothing
     if (dw.numel() > 0) fill(dw, 0.0);
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
+    return;
+  }
+  // Benchmark mode times cuDNN's engines instead (measured faster than the direct kernel there).
+  if (direct_wgrad() && !gpu::benchmark_mode() && gpu::direct_wgrad_applies(x, dy, dw.shape(), db.defined())) {
+    gpu::direct_wgrad(x, dy, p, dw, db, current_cuda_stream(dw.device()));  // Note [direct weight gradient]
     return;
   }
   dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {

@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/cuda_check.h"
+#include "core/cuda_graph.h"
+#include "core/cuda_stream.h"
 
 namespace tandem::gpu {
 
@@ -12,6 +15,8 @@ namespace {
 
 // Unique ids of the three tensors of a pass, whatever their roles.
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+// Note [measured engine choice]: how many acceptable engines benchmark mode times.
+constexpr size_t kMaxTimedEngines = 8;
 
 BackendDesc make_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, int64_t alignment) {
   BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -101,6 +106,50 @@ std::vector<std::unique_ptr<BackendDesc>> engine_configs(const BackendDesc& grap
   return cfgs;
 }
 
+// Runs `plan` on the three pointers (uids kUidX/W/Y) and a workspace, on h's stream.
+void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y, void* workspace) {
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
+  std::array<void*, 3> ptrs{x, w, y};
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data(), "variant ids");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data(), "variant pointers");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
+  TANDEM_CUDNN_CHECK(pack.finalize());
+  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan.get(), pack.get()));
+}
+
+// Note [measured engine choice]: the index of the candidate with the least time per run
+// (one untimed run, then kTimedRuns between two events), on the current stream.
+template <typename Candidates>
+size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph::TimedBuffers& b) {
+  constexpr int kTimedRuns = 3;
+  size_t max_ws = 0;
+  for (const auto& c : found) max_ws = std::max(max_ws, c.workspace);
+  DataPtr ws = allocate(b.device, max_ws);
+  cudaStream_t stream = current_cuda_stream(b.device);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  size_t best = 0;
+  float best_ms = 0;
+  for (size_t i = 0; i < found.size(); ++i) {
+    execute(h, *found[i].plan, b.x, b.w, b.y, ws.get());
+    TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < kTimedRuns; ++r) execute(h, *found[i].plan, b.x, b.w, b.y, ws.get());
+    TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i == 0 || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
 }  // namespace
 
 BackendDesc::BackendDesc(cudnnBackendDescriptorType_t type) {
@@ -133,7 +182,8 @@ int64_t common_alignment(std::initializer_list<const void*> ptrs) {
 
 std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
                                             const Shape& ws, const Shape& ys, const Conv2dParams& p,
-                                            int64_t alignment, bool allow_tf32, size_t max_workspace) {
+                                            int64_t alignment, bool allow_tf32, bool deterministic,
+                                            size_t max_workspace, const TimedBuffers* timed) {
   const cudnnDataType_t dt = dtype == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   BackendDesc x = make_tensor(kUidX, dt, xs, alignment);
   BackendDesc w = make_tensor(kUidW, dt, ws, alignment);
@@ -173,12 +223,22 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
   if (graph.finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
 
+  // Acceptable engines in order of preference: mode A's deterministic ones, else its
+  // nondeterministic ones; the fallback mode's (in the same order) only when mode A has none.
+  struct Candidate {
+    std::unique_ptr<BackendDesc> plan;
+    size_t workspace;
+  };
+  std::vector<Candidate> found;
+  const size_t wanted = timed != nullptr ? kMaxTimedEngines : 1;
   for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    std::vector<std::unique_ptr<BackendDesc>> cfgs = engine_configs(graph, mode_h);
-    for (int round = 0; round < 2; ++round) {  // deterministic engines first
-      for (const auto& cfg : cfgs) {
+    for (int round = 0; round < 2 && found.empty(); ++round) {
+      for (const auto& cfg : engine_configs(graph, mode_h)) {
+        if (found.size() >= wanted) break;
         const auto notes = numerical_notes(*cfg);
-        if (round == 0 && has_note(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) continue;
+        // Round 0 takes what `deterministic` allows; round 1 the nondeterministic rest.
+        const bool nondeterministic = has_note(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
+        if (round == 0 ? deterministic && nondeterministic : !deterministic || !nondeterministic) continue;
         if (dtype == kFloat32 && !allow_tf32 &&
             (has_note(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ||
              has_note(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))) {
@@ -194,25 +254,24 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
             bytes < 0 || static_cast<size_t>(bytes) > max_workspace) {
           continue;
         }
-        std::unique_ptr<ConvGraph> g(new ConvGraph());
-        g->plan_ = std::move(plan);
-        g->workspace_ = static_cast<size_t>(bytes);
-        return g;
+        found.push_back({std::move(plan), static_cast<size_t>(bytes)});
       }
     }
+    if (!found.empty()) break;
   }
-  return nullptr;
+  if (found.empty()) return nullptr;
+  size_t best = 0;
+  if (timed != nullptr && found.size() > 1 && !is_current_stream_capturing(timed->device)) {
+    best = fastest_engine(h, found, *timed);
+  }
+  std::unique_ptr<ConvGraph> g(new ConvGraph());
+  g->plan_ = std::move(found[best].plan);
+  g->workspace_ = found[best].workspace;
+  return g;
 }
 
 void ConvGraph::run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace) const {
-  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
-  std::array<void*, 3> ptrs{x, w, y};
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data(), "variant ids");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data(), "variant pointers");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
-  TANDEM_CUDNN_CHECK(pack.finalize());
-  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan_->get(), pack.get()));
+  execute(h, *plan_, x, w, y, workspace);
 }
 
 }  // namespace tandem::gpu

@@ -11,10 +11,21 @@
 // skips that per-call work (PyTorch's cuDNN v8 path does the same).
 //
 // The engine is cuDNN's heuristics' (mode A) first choice that finalizes, preferring a
-// deterministic one (Note [deterministic reductions]) and, when TF32 is not allowed for float32,
+// deterministic one (Note [deterministic reductions]; any, in cuDNN's order, when
+// `deterministic` is false) and, when TF32 is not allowed for float32,
 // skipping engines whose numerical notes say tensor cores or down-converted inputs
 // (Note [TF32] in conv.cu). The pointers' alignment is part of the configuration: a plan built
 // for 16-byte aligned buffers may use vector loads that smaller alignment would break.
+//
+// Note [measured engine choice]: the heuristics' first choice can be far from the fastest
+// engine: for LeNet's weight gradients on an H200 it picks a deterministic kernel taking
+// 200 us where others take a few. In benchmark mode (cudnn_benchmark() in kernels/backend.h)
+// build() instead runs each of the first kMaxTimedEngines acceptable engines (deterministic
+// ones; nondeterministic only when no deterministic one exists) on the real buffers and keeps
+// the fastest. That synchronizes the host once per configuration -- which is why it is a mode,
+// as torch.backends.cudnn.benchmark is -- so it happens in a warm-up step, never inside a CUDA
+// graph capture (there the first choice is taken). The choice is a measurement: two runs may
+// pick different engines, and so differ in the last bits of their results.
 #include <cudnn.h>
 
 #include <array>
@@ -52,9 +63,19 @@ class ConvGraph {
   // x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (packed NCHW); `alignment` is the byte
   // alignment every pointer passed to run() will have. Returns nullptr when no engine of
   // cuDNN's graph API takes the configuration (the caller then uses the legacy calls).
+  // With `timed` (benchmark mode: buffers of the call, in the forward roles, on `device`), the
+  // fastest of the acceptable engines (Note [measured engine choice]); the output buffer of the
+  // pass is overwritten while timing.
+  struct TimedBuffers {
+    Device device;
+    void* x;
+    void* w;
+    void* y;
+  };
   static std::unique_ptr<ConvGraph> build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
                                           const Shape& ws, const Shape& ys, const Conv2dParams& p,
-                                          int64_t alignment, bool allow_tf32, size_t max_workspace);
+                                          int64_t alignment, bool allow_tf32, bool deterministic,
+                                          size_t max_workspace, const TimedBuffers* timed = nullptr);
 
   size_t workspace() const { return workspace_; }
   // Runs the pass on h's stream: forward y = conv(x, w); backward data x = dgrad(y, w);

@@ -32,15 +32,24 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
       {{2, 3, 13, 13}, {4, 3, 5, 5}, {2, 2, 0, 0}},
       {{4, 2, 10, 7}, {3, 2, 2, 3}, {2, 1, 1, 2}},
       {{5, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},  // LeNet's first layer
+      {{300, 1, 6, 6}, {4, 1, 3, 3}, {1, 1, 1, 1}},  // many images: the direct weight gradient in chunks
+      {{2, 8, 7, 9}, {3, 8, 5, 6}, {1, 2, 1, 0}},    // 8 channels, 240 weights + bias: the direct kernel's limit
+      {{2, 9, 6, 6}, {3, 9, 3, 3}, {1, 1, 1, 2}},    // 9 channels: cuDNN's weight gradient
   };
-  // Both ways of calling cuDNN: cached graph-API plans (the default) and the legacy calls.
+  // Both ways of calling cuDNN: cached graph-API plans (the default) and the legacy calls; and
+  // the weight gradient from tandem's direct kernel (the default for small filters) or cuDNN.
   const bool graph = GENERATE(true, false);
+  const bool direct = GENERATE(true, false);
   struct Restore {
-    bool prev = cudnn_graph_api();
-    ~Restore() { set_cudnn_graph_api(prev); }
+    bool prev = cudnn_graph_api(), prev_direct = direct_wgrad();
+    ~Restore() {
+      set_cudnn_graph_api(prev);
+      set_direct_wgrad(prev_direct);
+    }
   } restore;
   set_cudnn_graph_api(graph);
-  INFO("graph api " << graph);
+  set_direct_wgrad(direct);
+  INFO("graph api " << graph << ", direct weight gradient " << direct);
   for (DType dt : kFloatTypes) {
     for (const ConvCase& cc : cases) {
       INFO(dtype_name(dt) << " x " << shape_str(cc.x) << " w " << shape_str(cc.w) << " stride "
@@ -58,6 +67,10 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
       auto [dwg, dbg] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, true);
       check(dwg, dw, 4);
       check(dbg, db, 4);
+      // Without the bias gradient, and deterministic: a second call gives the same bits.
+      auto [dwg2, none] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, false);
+      CHECK_FALSE(none.defined());
+      check_equal(dwg2, dwg.to(kCPU));
       // The cached plan serves a second call with the same shapes.
       check(kernels::conv2d(gpu(x), gpu(w), gpu(bias), cc.p), y, 4);
     }

@@ -1,0 +1,209 @@
+#include "core/cuda_graph.h"
+
+#include <cstdio>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#ifdef TANDEM_WITH_CUDA
+#include "core/cuda_check.h"
+#include "core/cuda_stream.h"
+#endif
+
+namespace tandem {
+
+CUDAGraph::~CUDAGraph() {
+  capture_abort();
+  reset();
+}
+
+#ifdef TANDEM_WITH_CUDA
+
+void CUDAGraph::capture_begin(Device device) {
+  TANDEM_CHECK(device.is_cuda(), Device, "CUDAGraph: capture needs a CUDA device, got ", device.str());
+  TANDEM_CHECK(!capturing_, Value, "CUDAGraph: capture_begin while a capture is under way");
+  check_device_exists(device);
+  reset();
+  DeviceGuard guard(device);
+  device_ = device;
+  auto stream = current_cuda_stream(device);
+  stream_ = stream;
+  memory_ = capture_memory_begin(device, stream);
+  // Thread-local mode: only this thread's unsafe calls (a cudaMalloc, a synchronization)
+  // break the capture; other threads driving other devices are not affected.
+  cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) {
+    capture_memory_abandon(*memory_);
+    memory_.reset();
+    TANDEM_THROW(Cuda, "CUDAGraph: cudaStreamBeginCapture on ", device.str(), " failed: ",
+                 cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+  capturing_ = true;
+}
+
+void CUDAGraph::capture_end() {
+  TANDEM_CHECK(capturing_, Value, "CUDAGraph: capture_end without capture_begin");
+  DeviceGuard guard(device_);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream, &graph);
+  capturing_ = false;
+  const size_t held = capture_memory_end(*memory_);
+  if (err != cudaSuccess || graph == nullptr) {
+    (void)cudaGetLastError();  // a failed capture leaves its error as the last error
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    capture_memory_abandon(*memory_);
+    memory_.reset();
+    TANDEM_THROW(Cuda, "CUDAGraph: capture on ", device_.str(), " failed: ", cudaGetErrorName(err),
+                 " (", cudaGetErrorString(err), ")");
+  }
+  if (held != 0) {
+    cudaGraphDestroy(graph);
+    capture_memory_abandon(*memory_);
+    memory_.reset();
+    TANDEM_THROW(Error, "CUDAGraph: the captured work on ", device_.str(), " left ", held,
+                 " bytes allocated during the capture in use after it; a replay would reuse "
+                 "them (create state before capturing: Note [graph-safe steps] in core/cuda_graph.h)");
+  }
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+  if (err != cudaSuccess) {
+    memory_.reset();
+    TANDEM_THROW(Cuda, "CUDAGraph: cudaGraphInstantiate on ", device_.str(), " failed: ",
+                 cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  }
+  exec_ = exec;
+  TANDEM_CUDA_CHECK(cudaGraphUpload(exec, stream));
+}
+
+void CUDAGraph::capture_abort() noexcept {
+  if (!capturing_) return;
+  DeviceGuard guard(device_);
+  cudaGraph_t graph = nullptr;
+  (void)cudaStreamEndCapture(static_cast<cudaStream_t>(stream_), &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  capturing_ = false;
+  capture_memory_abandon(*memory_);
+  memory_.reset();
+}
+
+void CUDAGraph::replay() const {
+  TANDEM_CHECK(exec_ != nullptr, Value, "CUDAGraph: replay before a successful capture");
+  DeviceGuard guard(device_);
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream_)));
+}
+
+void CUDAGraph::reset() noexcept {
+  if (capturing_) return;
+  if (exec_ != nullptr) {
+    DeviceGuard guard(device_);
+    // An executable graph still running is freed when it completes.
+    TANDEM_CUDA_CHECK_LOG(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
+    exec_ = nullptr;
+  }
+  memory_.reset();  // frees, in stream order, the blocks the graph kept alive
+  num_nodes_ = 0;
+}
+
+bool is_current_stream_capturing(Device device) {
+  if (!device.is_cuda()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(current_cuda_stream(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+#else  // no CUDA: nothing can be captured
+
+void CUDAGraph::capture_begin(Device device) {
+  TANDEM_THROW(Device, "CUDAGraph: capture on ", device.str(), " needs a CUDA build of tandem");
+}
+void CUDAGraph::capture_end() { TANDEM_THROW(Value, "CUDAGraph: capture_end without capture_begin"); }
+void CUDAGraph::capture_abort() noexcept {}
+void CUDAGraph::replay() const { TANDEM_THROW(Value, "CUDAGraph: replay before a successful capture"); }
+void CUDAGraph::reset() noexcept {}
+bool is_current_stream_capturing(Device) { return false; }
+
+#endif
+
+StepGraph::StepGraph(StepFn step, Options options)
+    : step_(std::move(step)), options_(options), warmup_left_(options.warmup_steps) {
+  TANDEM_CHECK(options.warmup_steps >= 0, Value, "StepGraph: warmup_steps must be >= 0, got ",
+               options.warmup_steps);
+}
+
+bool StepGraph::matches(const std::vector<Tensor>& inputs) const {
+  if (inputs.size() != static_inputs_.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& a = inputs[i];
+    const Tensor& b = static_inputs_[i];
+    if (a.shape() != b.shape() || a.dtype() != b.dtype() || a.device() != b.device()) return false;
+  }
+  return true;
+}
+
+void StepGraph::invalidate() noexcept { graph_.reset(); }
+
+void StepGraph::disable(std::string reason) {
+  disabled_ = true;
+  reason_ = std::move(reason);
+  graph_.reset();
+}
+
+void StepGraph::operator()(const std::vector<Tensor>& inputs) {
+  const bool cuda = !inputs.empty() && inputs[0].defined() && inputs[0].device().is_cuda();
+  if (!cuda || disabled_ || !options_.enabled) {
+    ++eager_;
+    step_(inputs);
+    return;
+  }
+  // After the first capture the graph's input shapes are fixed: other shapes (the last batch
+  // of an epoch) run eagerly, also when a capture is due, so it is never taken on them.
+  const bool shaped = static_inputs_.empty() || matches(inputs);
+  if (graph_.captured() && shaped) {
+    for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+    graph_.replay();
+    ++replays_;
+    return;
+  }
+  if (graph_.captured() || !shaped || warmup_left_ > 0) {
+    if (!graph_.captured() && shaped && warmup_left_ > 0) --warmup_left_;
+    ++eager_;
+    step_(inputs);
+    return;
+  }
+  capture(inputs);
+}
+
+void StepGraph::capture(const std::vector<Tensor>& inputs) {
+  if (static_inputs_.empty()) {
+    for (const Tensor& t : inputs) static_inputs_.push_back(empty(t.shape(), t.dtype(), t.device()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+  const auto fall_back = [&](const std::exception& e) {
+    disable(std::string("the step could not be captured: ") + e.what());
+    std::fprintf(stderr, "tandem: CUDA graph off, steps run eagerly: %s\n", reason_.c_str());
+    ++eager_;
+    step_(inputs);  // the captured work never ran: this batch still gets its step
+  };
+  graph_.capture_begin(inputs[0].device());
+  try {
+    step_(static_inputs_);
+  } catch (const std::exception& e) {
+    graph_.capture_abort();
+    fall_back(e);
+    return;
+  }
+  try {
+    graph_.capture_end();
+  } catch (const CudaError& e) {
+    fall_back(e);
+    return;
+  }
+  ++captures_;
+  graph_.replay();  // capturing ran nothing: this replay is the batch's step
+  ++replays_;
+}
+
+}  // namespace tandem

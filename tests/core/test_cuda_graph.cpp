@@ -1,0 +1,180 @@
+// CUDA graphs: a captured step replays the same kernels on the same memory, so graphed
+// training gives bit for bit the parameters of eager training; a step that cannot be captured
+// or that keeps memory made during the capture is caught, never replayed wrongly.
+#include <memory>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/cuda_graph.h"
+#include "helpers.h"
+#include "kernels/ops.h"
+#include "nn/nn.h"
+
+using namespace tandem;
+using tandem::test::contains;
+using tandem::test::error_message;
+using tandem::test::values;
+
+namespace {
+
+// A LeNet training step (SGD with momentum and weight decay) as StepGraph wants it: gradients
+// zeroed in place rather than set to none, the loss written into a tensor it owns.
+struct LeNetTraining {
+  std::shared_ptr<nn::Module> net;
+  std::unique_ptr<nn::optim::SGD> opt;
+  Tensor loss;  // [] the last step's loss
+
+  explicit LeNetTraining(const std::shared_ptr<nn::Module>& init, Device d) : net(init->clone()) {
+    net->to(d);
+    opt = std::make_unique<nn::optim::SGD>(
+        net->parameters(), nn::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+    loss = zeros({}, kFloat32, d);
+  }
+  void step(const std::vector<Tensor>& in) {
+    opt->zero_grad(/*set_to_none=*/false);
+    Tensor l = cross_entropy((*net)(in[0]), in[1]);
+    l.backward();
+    opt->step();
+    loss.copy_(l.detach());
+  }
+};
+
+// Batches of `rows` images (the last one `last_rows`) on d.
+std::vector<std::vector<Tensor>> batches(int n, int64_t rows, int64_t last_rows, Device d) {
+  Generator gen(7);
+  std::vector<std::vector<Tensor>> out;
+  for (int i = 0; i < n; ++i) {
+    const int64_t r = i == n - 1 ? last_rows : rows;
+    Tensor x = randn({r, 1, 28, 28}, kFloat32, kCPU, &gen);
+    std::vector<int64_t> labels(static_cast<size_t>(r));
+    for (int64_t j = 0; j < r; ++j) labels[static_cast<size_t>(j)] = (j * 7 + i) % 10;
+    out.push_back({x.to(d), from_vector<int64_t>(labels, {r}).to(d)});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("CUDAGraph replays captured kernels on new input values", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Tensor x = zeros({1000}, kFloat32, gpu);
+  Tensor y = zeros({1000}, kFloat32, gpu);
+  CUDAGraph g;
+  g.capture_begin(gpu);
+  {
+    Tensor t = x * x;  // made and released inside the capture: a graph allocation
+    kernels::axpby_(1.0, t + 1.0, 0.0, y);
+  }
+  g.capture_end();
+  REQUIRE(g.captured());
+  CHECK(g.num_nodes() >= 2);
+  CHECK(values(y) == std::vector<double>(1000, 0.0));  // capturing ran nothing
+  for (double v : {2.0, -3.0}) {
+    x.fill_(v);
+    g.replay();
+    CHECK(values(y) == std::vector<double>(1000, v * v + 1));
+  }
+  g.reset();
+  CHECK_FALSE(g.captured());
+  CHECK(contains(error_message<ValueError>([&] { g.replay(); }), "before a successful capture"));
+}
+
+TEST_CASE("CUDAGraph refuses a capture that keeps memory allocated during it", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Tensor x = ones({64}, kFloat32, gpu);
+  Tensor kept;
+  CUDAGraph g;
+  g.capture_begin(gpu);
+  kept = x * 2.0;  // outlives the capture: a replay would write memory the graph frees
+  const std::string msg = error_message<Error>([&] { g.capture_end(); });
+  CHECK(contains(msg, "256 bytes allocated during the capture"));
+  CHECK_FALSE(g.captured());
+  kept = Tensor();  // dropping it afterwards is harmless
+  CHECK(values(x * 3.0) == std::vector<double>(64, 3.0));  // the stream works as before
+}
+
+TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Generator gen(3);
+  auto init = nn::models::lenet({nn::models::LeNetActivation::ReLU}, gen);
+  LeNetTraining eager(init, gpu), graphed(init, gpu);
+  StepGraph graph([&](const std::vector<Tensor>& in) { graphed.step(in); });
+  // Two epochs of 5 batches, the last one smaller each time (run eagerly, graph kept).
+  auto data = batches(5, 32, 12, gpu);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (const auto& b : data) {
+      eager.step(b);
+      graph(b);
+      INFO("epoch " << epoch);
+      CHECK(values(graphed.loss) == values(eager.loss));
+    }
+  }
+  CHECK(graph.eager_reason().empty());
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == 2 + 4);  // epoch 1: batches 2-3 (after 2 warm-up steps); epoch 2: 0-3
+  CHECK(graph.eager_steps() == 4);  // the warm-up and the two short batches
+  auto pe = eager.net->state_dict(), pg = graphed.net->state_dict();
+  for (const auto& [name, t] : pe) {
+    INFO(name);
+    CHECK(values(pg.at(name)) == values(t));
+  }
+  // A changed learning rate is a kernel argument: invalidate() captures again.
+  eager.opt->set_lr(0.01);
+  graphed.opt->set_lr(0.01);
+  graph.invalidate();
+  for (const auto& b : data) {
+    eager.step(b);
+    graph(b);
+  }
+  CHECK(graph.captures() == 2);
+  for (const auto& [name, t] : eager.net->state_dict()) {
+    INFO(name);
+    CHECK(values(graphed.net->state_dict().at(name)) == values(t));
+  }
+}
+
+TEST_CASE("a step that cannot be captured runs eagerly with a reason", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Generator gen(4);
+  auto init = nn::models::lenet({}, gen);
+  LeNetTraining eager(init, gpu), graphed(init, gpu);
+  double host_sum = 0;  // reading the loss on the host synchronizes: not capturable
+  StepGraph graph([&](const std::vector<Tensor>& in) {
+    graphed.step(in);
+    host_sum += graphed.loss.item();
+  }, {/*warmup_steps=*/1, /*enabled=*/true});
+  auto data = batches(4, 16, 16, gpu);
+  double eager_sum = 0;
+  for (const auto& b : data) {
+    eager.step(b);
+    eager_sum += eager.loss.item();
+    graph(b);
+  }
+  CHECK(contains(graph.eager_reason(), "could not be captured"));
+  CHECK(graph.replays() == 0);
+  CHECK(graph.eager_steps() == 4);
+  CHECK(host_sum == eager_sum);  // every batch got exactly one step
+  for (const auto& [name, t] : eager.net->state_dict()) {
+    INFO(name);
+    CHECK(values(graphed.net->state_dict().at(name)) == values(t));
+  }
+}
+
+TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", "[core]") {
+  int calls = 0;
+  StepGraph graph([&](const std::vector<Tensor>& in) {
+    ++calls;
+    CHECK(in[0].device() == kCPU);
+  });
+  for (int i = 0; i < 5; ++i) graph({ones({2})});
+  CHECK(calls == 5);
+  CHECK(graph.eager_steps() == 5);
+  CHECK(graph.replays() == 0);
+  CUDAGraph g;
+  CHECK(contains(error_message<DeviceError>([&] { g.capture_begin(kCPU); }), "cpu"));
+  CHECK_THROWS_AS(StepGraph([](const std::vector<Tensor>&) {}, {-1, true}), ValueError);
+}
