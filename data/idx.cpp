@@ -34,8 +34,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-bool is_gzip(const std::vector<uint8_t>& b, size_t at = 0) {
-  return b.size() >= at + 2 && b[at] == 0x1f && b[at + 1] == 0x8b;
+bool is_gzip(const uint8_t* b, size_t size, size_t at = 0) {
+  return size >= at + 2 && b[at] == 0x1f && b[at + 1] == 0x8b;
+}
+
+void check_gz_name(const uint8_t* b, size_t size, const std::string& path) {
+  TANDEM_CHECK(is_gzip(b, size) || !ends_with(path, ".gz"), Format, "'", path,
+               "': corrupt gzip stream: the file is named .gz but does not start with the gzip"
+               " magic bytes 1f 8b");
 }
 
 std::vector<uint8_t> read_raw(const std::string& path) {
@@ -62,7 +68,8 @@ std::vector<uint8_t> read_raw(const std::string& path) {
 // pixel. Every failure is a FormatError naming the file.
 class GzipReader {
  public:
-  GzipReader(const std::vector<uint8_t>& in, const std::string& path) : in_(in), path_(path) {
+  GzipReader(const uint8_t* in, size_t size, const std::string& path)
+      : in_(in), size_(size), path_(path) {
     TANDEM_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, IO, "'", path, "': zlib init failed");
   }
   ~GzipReader() { inflateEnd(&zs_); }
@@ -74,8 +81,8 @@ class GzipReader {
   size_t read(uint8_t* dst, size_t n) {
     size_t produced = 0;
     while (produced < n && !done_) {
-      zs_.next_in = const_cast<Bytef*>(in_.data() + consumed_);
-      zs_.avail_in = static_cast<uInt>(std::min<size_t>(in_.size() - consumed_, UINT_MAX));
+      zs_.next_in = const_cast<Bytef*>(in_ + consumed_);
+      zs_.avail_in = static_cast<uInt>(std::min<size_t>(size_ - consumed_, UINT_MAX));
       zs_.next_out = dst + produced;
       zs_.avail_out = static_cast<uInt>(std::min<size_t>(n - produced, UINT_MAX));
       const uInt avail_in = zs_.avail_in, avail_out = zs_.avail_out;
@@ -84,16 +91,16 @@ class GzipReader {
       consumed_ += avail_in - zs_.avail_in;
       produced += avail_out - zs_.avail_out;
       if (ret == Z_STREAM_END) {
-        if (consumed_ == in_.size()) {
+        if (consumed_ == size_) {
           done_ = true;
         } else {
-          TANDEM_CHECK(is_gzip(in_, consumed_), Format, "'", path_, "': corrupt gzip stream: ",
-                       in_.size() - consumed_, " bytes of trailing garbage after the compressed data");
+          TANDEM_CHECK(is_gzip(in_, size_, consumed_), Format, "'", path_, "': corrupt gzip stream: ",
+                       size_ - consumed_, " bytes of trailing garbage after the compressed data");
           inflateReset(&zs_);  // another gzip member follows
         }
-      } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed_ == in_.size() && zs_.avail_out > 0)) {
-        TANDEM_CHECK(consumed_ < in_.size(), Format, "'", path_, "': truncated gzip stream: the ",
-                     in_.size(), " bytes of the file end in the middle of the compressed data");
+      } else if (ret == Z_BUF_ERROR || (ret == Z_OK && consumed_ == size_ && zs_.avail_out > 0)) {
+        TANDEM_CHECK(consumed_ < size_, Format, "'", path_, "': truncated gzip stream: the ",
+                     size_, " bytes of the file end in the middle of the compressed data");
         TANDEM_CHECK(progress || zs_.avail_out == 0, Format, "'", path_,
                      "': corrupt gzip stream (inflate made no progress)");
         // otherwise only the output was full
@@ -126,7 +133,8 @@ class GzipReader {
   }
 
  private:
-  const std::vector<uint8_t>& in_;
+  const uint8_t* in_;
+  size_t size_;
   const std::string& path_;
   z_stream zs_{};
   size_t consumed_ = 0;
@@ -134,7 +142,7 @@ class GzipReader {
 };
 
 std::vector<uint8_t> gunzip(const std::vector<uint8_t>& in, const std::string& path) {
-  GzipReader z(in, path);
+  GzipReader z(in.data(), in.size(), path);
   std::vector<uint8_t> out;
   z.append(out, UINT64_MAX);
   return out;
@@ -170,10 +178,14 @@ std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& in, const std::strin
   return out;
 }
 
+// A validated IDX file: its dims and where its product(dims) data bytes are (in the caller's
+// buffer for a raw file, in `inflated` for a gzip one).
 struct IdxData {
   std::vector<int64_t> dims;
-  std::vector<uint8_t> bytes;  // the whole file; the data starts at `data_offset`
+  std::vector<uint8_t> inflated;  // a gzip file's header and data
+  const uint8_t* raw = nullptr;   // a raw file: the caller's bytes
   size_t data_offset = 0;
+  const uint8_t* data() const { return (raw ? raw : inflated.data()) + data_offset; }
 };
 
 uint32_t read_be32(const uint8_t* p) {
@@ -181,10 +193,11 @@ uint32_t read_be32(const uint8_t* p) {
 }
 
 // Throws FormatError unless b starts with `magic` (4 bytes at least).
-void check_magic(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic, const char* what) {
-  TANDEM_CHECK(b.size() >= 4, Format, "'", path, "': truncated IDX file: ", b.size(),
+void check_magic(const uint8_t* b, size_t size, const std::string& path, uint32_t magic,
+                 const char* what) {
+  TANDEM_CHECK(size >= 4, Format, "'", path, "': truncated IDX file: ", size,
                " bytes, too short for the 4-byte magic number");
-  uint32_t got = read_be32(b.data());
+  uint32_t got = read_be32(b);
   if (got != magic) {
     // Name what the file seems to be, e.g. a label file passed as images.
     std::string seems;
@@ -198,15 +211,15 @@ void check_magic(const std::vector<uint8_t>& b, const std::string& path, uint32_
 
 // The dims of the header at the start of b (magic already checked) and the number of data
 // bytes they declare; FormatError for a short header, a zero dimension or an overflow.
-uint64_t check_header(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic,
+uint64_t check_header(const uint8_t* b, size_t size, const std::string& path, uint32_t magic,
                       std::vector<int64_t>& dims) {
   const size_t rank = magic & 0xff;
   const size_t header = 4 + 4 * rank;
-  TANDEM_CHECK(b.size() >= header, Format, "'", path, "': truncated IDX header: expected ", header,
-               " bytes for ", rank, " dimensions, got ", b.size());
+  TANDEM_CHECK(size >= header, Format, "'", path, "': truncated IDX header: expected ", header,
+               " bytes for ", rank, " dimensions, got ", size);
   uint64_t expected = 1;
   bool overflow = false;
-  for (size_t d = 0; d < rank; ++d) dims.push_back(read_be32(b.data() + 4 + 4 * d));
+  for (size_t d = 0; d < rank; ++d) dims.push_back(read_be32(b + 4 + 4 * d));
   const std::string shape = shape_str(dims);
   for (size_t d = 0; d < rank; ++d) {
     TANDEM_CHECK(dims[d] > 0, Format, "'", path, "': IDX dimension ", d, " is 0 (shape ", shape, ")");
@@ -214,7 +227,7 @@ uint64_t check_header(const std::vector<uint8_t>& b, const std::string& path, ui
   }
   overflow = overflow || expected > UINT64_MAX - header;
   TANDEM_CHECK(!overflow, Format, "'", path, "': truncated IDX file: shape ", shape,
-               " needs more than 2^64 bytes, got ", b.size());
+               " needs more than 2^64 bytes, got ", size);
   return expected;
 }
 
@@ -222,42 +235,45 @@ uint64_t check_header(const std::vector<uint8_t>& b, const std::string& path, ui
 // this many.
 uint64_t max_inflated_size(size_t n) { return uint64_t(n) * 1032 + 1024; }
 
-// Reads and validates an IDX file whose magic must be `magic` (which fixes the rank). A gzip
-// file is inflated step by step: the magic from its first 4 bytes, then the rest of the header,
-// then no more data than the header declares (and one byte to see whether the stream goes on).
-IdxData read_idx(const std::string& path, uint32_t magic, const char* what) {
+// Validates the IDX file in file[0, size) whose magic must be `magic` (which fixes the rank). A
+// gzip file is inflated step by step: the magic from its first 4 bytes, then the rest of the
+// header, then no more data than the header declares (and one byte to see whether the stream
+// goes on). A raw file is not copied: the result points into `file`.
+IdxData parse_idx(const uint8_t* file, size_t file_size, const std::string& path, uint32_t magic,
+                  const char* what) {
   IdxData idx;
-  std::vector<uint8_t> file = read_raw(path);
-  const bool gz = is_gzip(file);
-  TANDEM_CHECK(gz || !ends_with(path, ".gz"), Format, "'", path,
-               "': corrupt gzip stream: the file is named .gz but does not start with the gzip"
-               " magic bytes 1f 8b");
   std::optional<GzipReader> z;
-  if (gz) {
-    z.emplace(file, path);
-    z->append(idx.bytes, 4);
+  if (is_gzip(file, file_size)) {
+    z.emplace(file, file_size, path);
+    z->append(idx.inflated, 4);
   } else {
-    idx.bytes = std::move(file);
+    idx.raw = file;
   }
-  auto& b = idx.bytes;
-  check_magic(b, path, magic, what);
+  const uint8_t* b = z ? idx.inflated.data() : file;
+  size_t size = z ? idx.inflated.size() : file_size;
+  check_magic(b, size, path, magic, what);
   const size_t header = 4 + 4 * (magic & 0xff);
-  if (z) z->append(b, header - 4);
-  const uint64_t expected = check_header(b, path, magic, idx.dims);
+  if (z) {
+    z->append(idx.inflated, header - 4);
+    b = idx.inflated.data();
+    size = idx.inflated.size();
+  }
+  const uint64_t expected = check_header(b, size, path, magic, idx.dims);
   const std::string shape = shape_str(idx.dims);
   auto describe = [&] {
     return str("expected ", header + expected, " bytes (", header, "-byte header + ", expected,
                " data bytes for shape ", shape, ")");
   };
   if (z) {
-    TANDEM_CHECK(header + expected <= max_inflated_size(file.size()), Format, "'", path,
-                 "': truncated IDX file: ", describe(), ", more than a ", file.size(),
+    TANDEM_CHECK(header + expected <= max_inflated_size(file_size), Format, "'", path,
+                 "': truncated IDX file: ", describe(), ", more than a ", file_size,
                  "-byte gzip stream can hold");
-    z->append(b, expected);
+    z->append(idx.inflated, expected);
+    size = idx.inflated.size();
   }
-  const uint64_t actual = b.size() - header;
-  TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: ", describe(), ", got ", b.size());
-  TANDEM_CHECK(actual == expected, Format, "'", path, "': IDX file too long: ", describe(), ", got ", b.size());
+  const uint64_t actual = size - header;
+  TANDEM_CHECK(actual >= expected, Format, "'", path, "': truncated IDX file: ", describe(), ", got ", size);
+  TANDEM_CHECK(actual == expected, Format, "'", path, "': IDX file too long: ", describe(), ", got ", size);
   TANDEM_CHECK(!z || z->at_end(), Format, "'", path, "': IDX file too long: ", describe(),
                ", but the gzip stream holds more");
   idx.data_offset = header;
@@ -280,14 +296,35 @@ std::vector<uint8_t> idx_bytes(uint32_t magic, const Shape& dims,
   return out;
 }
 
+Tensor images_from(const IdxData& idx) {
+  Tensor out = empty(idx.dims, kUInt8, kCPU);  // [N, rows, cols]
+  std::memcpy(out.raw_data(), idx.data(), out.nbytes());
+  return out;
+}
+
+Tensor labels_from(const IdxData& idx, const std::string& path, int64_t num_classes) {
+  Tensor out = empty(idx.dims, kInt64, kCPU);  // [N]
+  int64_t* dst = out.data<int64_t>();
+  const uint8_t* src = idx.data();
+  for (int64_t i = 0; i < idx.dims[0]; ++i) {
+    TANDEM_CHECK(src[i] < num_classes, Format, "'", path, "': label ", i, " is ", int(src[i]),
+                 ", outside [0, ", num_classes, ")");
+    dst[i] = src[i];
+  }
+  return out;
+}
+
+void check_num_classes(const std::string& path, int64_t num_classes) {
+  TANDEM_CHECK(num_classes > 0, Value, "read_idx_labels('", path,
+               "'): num_classes must be > 0, got ", num_classes);
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::vector<uint8_t> raw = read_raw(path);
-  if (is_gzip(raw)) return gunzip(raw, path);
-  TANDEM_CHECK(!ends_with(path, ".gz"), Format, "'", path,
-               "': corrupt gzip stream: the file is named .gz but does not start with the gzip"
-               " magic bytes 1f 8b");
+  if (is_gzip(raw.data(), raw.size())) return gunzip(raw, path);
+  check_gz_name(raw.data(), raw.size(), path);
   return raw;
 }
 
@@ -319,26 +356,28 @@ void write_file_atomic(const std::string& path, const std::vector<uint8_t>& byte
   }
 }
 
+Tensor parse_idx_images(const uint8_t* data, size_t size, const std::string& name_for_errors) {
+  return images_from(parse_idx(data, size, name_for_errors, kIdxImagesMagic, "images"));
+}
+
+Tensor parse_idx_labels(const uint8_t* data, size_t size, const std::string& name_for_errors,
+                        int64_t num_classes) {
+  check_num_classes(name_for_errors, num_classes);
+  return labels_from(parse_idx(data, size, name_for_errors, kIdxLabelsMagic, "labels"),
+                     name_for_errors, num_classes);
+}
+
 Tensor read_idx_images(const std::string& path) {
-  IdxData idx = read_idx(path, kIdxImagesMagic, "images");
-  Tensor out = empty(idx.dims, kUInt8, kCPU);  // [N, rows, cols]
-  std::memcpy(out.raw_data(), idx.bytes.data() + idx.data_offset, out.nbytes());
-  return out;
+  const std::vector<uint8_t> file = read_raw(path);
+  check_gz_name(file.data(), file.size(), path);
+  return parse_idx_images(file.data(), file.size(), path);
 }
 
 Tensor read_idx_labels(const std::string& path, int64_t num_classes) {
-  TANDEM_CHECK(num_classes > 0, Value, "read_idx_labels('", path,
-               "'): num_classes must be > 0, got ", num_classes);
-  IdxData idx = read_idx(path, kIdxLabelsMagic, "labels");
-  Tensor out = empty(idx.dims, kInt64, kCPU);  // [N]
-  int64_t* dst = out.data<int64_t>();
-  const uint8_t* src = idx.bytes.data() + idx.data_offset;
-  for (int64_t i = 0; i < idx.dims[0]; ++i) {
-    TANDEM_CHECK(src[i] < num_classes, Format, "'", path, "': label ", i, " is ", int(src[i]),
-                 ", outside [0, ", num_classes, ")");
-    dst[i] = src[i];
-  }
-  return out;
+  check_num_classes(path, num_classes);
+  const std::vector<uint8_t> file = read_raw(path);
+  check_gz_name(file.data(), file.size(), path);
+  return parse_idx_labels(file.data(), file.size(), path, num_classes);
 }
 
 void write_idx_images(const std::string& path, const Tensor& images, bool gzip) {

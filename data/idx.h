@@ -38,6 +38,14 @@ Tensor read_idx_images(const std::string& path);
 // int64 [N] on the CPU; every label must lie in [0, num_classes) (num_classes > 0).
 Tensor read_idx_labels(const std::string& path, int64_t num_classes = 10);
 
+// The same from a whole file held in memory, raw or gzip (told apart by the gzip magic bytes),
+// with the same checks and errors; `name_for_errors` stands for the path in every message. No
+// file access, so a fuzzer can call them. The only allocations are bounded by what the bytes
+// hold (a gzip stream by deflate's largest ratio), never by what a header claims.
+Tensor parse_idx_images(const uint8_t* data, size_t size, const std::string& name_for_errors);
+Tensor parse_idx_labels(const uint8_t* data, size_t size, const std::string& name_for_errors,
+                        int64_t num_classes = 10);
+
 // images: uint8 [N, H, W], labels: uint8 or int64 [N] with values in [0, 255]; any device and
 // strides. With gzip the file is gzip-compressed (name it *.gz by convention).
 void write_idx_images(const std::string& path, const Tensor& images, bool gzip);
