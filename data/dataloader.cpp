@@ -69,9 +69,13 @@ std::pair<int64_t, int64_t> DataLoader::batch_range(int64_t b) const {
   return {(start - r + R - 1) / R, (end - r + R - 1) / R};
 }
 
-void DataLoader::set_epoch(int64_t e) {
+void DataLoader::set_epoch(int64_t e, int64_t first_batch) {
   TANDEM_CHECK(e >= 0, Value, "DataLoader::set_epoch: epoch must be >= 0, got ", e);
+  TANDEM_CHECK(first_batch >= 0 && first_batch <= num_batches_, Value,
+               "DataLoader::set_epoch: first_batch ", first_batch, " outside [0, ", num_batches_,
+               "]");
   epoch_ = e;
+  first_batch_ = first_batch;
 }
 
 DataLoader::Iterator DataLoader::begin() {
@@ -89,7 +93,9 @@ DataLoader::Iterator DataLoader::begin() {
   const auto n = static_cast<int64_t>(order.size());
   order_ = from_vector<int64_t>(order, {n}, options_.device);
   ++epoch_;
-  return Iterator(this, 0);
+  const int64_t first = first_batch_;
+  first_batch_ = 0;  // only the epoch set_epoch named starts late
+  return Iterator(this, first);
 }
 
 Batch DataLoader::batch(int64_t b) const {

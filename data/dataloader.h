@@ -106,8 +106,15 @@ class DataLoader {
   int64_t size() const { return dataset_.size(); }  // samples in the dataset
   // Epochs started so far; the current one (while iterating) is epoch() - 1.
   int64_t epoch() const { return epoch_; }
-  // The next begin() starts epoch e (0-based), e.g. to resume a run.
-  void set_epoch(int64_t e);
+  // The next begin() starts epoch e (0-based) at batch first_batch of that epoch, e.g. to
+  // resume a run: its batches are then exactly batches first_batch, first_batch + 1, ... of
+  // the uninterrupted run's epoch e, since an epoch's order depends only on (seed, e) (Note
+  // [epoch seeding]; with a sampler, on the sampler's seed and epoch, which the caller sets).
+  // Later epochs start at batch 0. ValueError for e < 0 or first_batch outside
+  // [0, num_batches()] (num_batches(): the epoch is over, begin() == end()).
+  void set_epoch(int64_t e, int64_t first_batch = 0);
+  // The batch the next begin() starts at (0 unless set_epoch said otherwise).
+  int64_t first_batch() const { return first_batch_; }
   const DataLoaderOptions& options() const { return options_; }
   const TensorDataset& dataset() const { return dataset_; }  // on options().device
   // The current epoch's sample order, int64 [N] on options().device; with a sampler this
@@ -124,6 +131,7 @@ class DataLoader {
   DataLoaderOptions options_;
   int64_t num_batches_ = 0;
   int64_t epoch_ = 0;
+  int64_t first_batch_ = 0;
   Tensor order_;  // int64 [N], or [num_samples] with a sampler
 };
 

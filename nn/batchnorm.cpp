@@ -2,6 +2,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace tandem::nn {
 
@@ -15,11 +16,13 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum)
   register_parameter("bias", zeros({c_}));
   register_buffer("running_mean", zeros({c_}));
   register_buffer("running_var", ones({c_}));
+  register_buffer("num_batches_tracked", zeros({}, kInt64));
 }
 
 void BatchNorm2d::reset_running_stats() {
   running_mean().fill_(0.0);
   running_var().fill_(1.0);
+  num_batches_tracked().fill_(0.0);
 }
 
 std::string BatchNorm2d::extra_repr() const {
@@ -35,6 +38,9 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x) {
                  "BatchNorm2d: training needs more than one value per "
                  "channel, got input ",
                  shape_str(x.shape()));
+    const Tensor& count = num_batches_tracked();
+    if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
+    kernels::axpby_(1.0, one_, 1.0, count);
   }
   return batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_,
                     eps_);

@@ -5,10 +5,12 @@
 namespace tandem::nn {
 
 // Per-channel normalization over every dim but 1. Parameters weight [C] (ones) and bias [C]
-// (zeros); buffers running_mean [C] (zeros) and running_var [C] (ones).
+// (zeros); buffers running_mean [C] (zeros), running_var [C] (ones) and num_batches_tracked
+// (int64 [], 0), in PyTorch's state_dict order and names.
 // Training: normalizes with the batch mean and biased variance, and updates the running
 // statistics in place: running = (1 - momentum) * running + momentum * batch, with the
-// unbiased batch variance (PyTorch's rule). Eval: normalizes with the running statistics.
+// unbiased batch variance (PyTorch's rule), and adds 1 to num_batches_tracked (on the device:
+// no host read). Eval: normalizes with the running statistics and counts nothing.
 class BatchNorm2d : public Cloneable<BatchNorm2d> {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
@@ -17,10 +19,11 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   const Tensor& bias() const { return parameter("bias"); }
   const Tensor& running_mean() const { return buffer("running_mean"); }
   const Tensor& running_var() const { return buffer("running_var"); }
+  const Tensor& num_batches_tracked() const { return buffer("num_batches_tracked"); }
   int64_t num_features() const { return c_; }
   double eps() const { return eps_; }
   double momentum() const { return momentum_; }
-  // Running statistics back to mean 0, variance 1.
+  // Running statistics back to mean 0, variance 1, and num_batches_tracked to 0.
   void reset_running_stats();
 
   std::string name() const override { return "BatchNorm2d"; }
@@ -32,6 +35,7 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
  private:
   int64_t c_;
   double eps_, momentum_;
+  Tensor one_;  // int64 [] 1 on the buffers' device: what each training forward adds
 };
 
 }  // namespace tandem::nn

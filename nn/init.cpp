@@ -106,7 +106,18 @@ void kaiming_normal_(const Tensor& t, double a, FanMode mode, Nonlinearity nl, G
   normal_(t, 0.0, calculate_gain(nl, a) / std::sqrt(static_cast<double>(fan(t, mode))), gen);
 }
 
+namespace {
+thread_local bool t_skip_default_init = false;
+}  // namespace
+
+SkipDefaultInitGuard::SkipDefaultInitGuard() : previous_(t_skip_default_init) {
+  t_skip_default_init = true;
+}
+SkipDefaultInitGuard::~SkipDefaultInitGuard() { t_skip_default_init = previous_; }
+bool SkipDefaultInitGuard::active() { return t_skip_default_init; }
+
 void default_layer_init_(const Tensor& weight, const Tensor& bias, Generator& gen) {
+  if (t_skip_default_init) return;  // Note [drawing the initialization once]
   kaiming_uniform_(weight, std::sqrt(5.0), FanMode::FanIn, Nonlinearity::LeakyRelu, gen);
   if (bias.defined()) {
     int64_t fan_in = fan_in_and_fan_out(weight.shape()).first;

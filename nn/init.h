@@ -47,8 +47,27 @@ void kaiming_normal_(const Tensor& t, double a = 0.0, FanMode mode = FanMode::Fa
                      Generator& gen = default_generator());
 
 // PyTorch's default for Linear and Conv2d: weight kaiming_uniform_(a = sqrt(5)), i.e.
-// U(-1/sqrt(fan_in), 1/sqrt(fan_in)), then bias (if defined) from the same range.
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)), then bias (if defined) from the same range. A no-op,
+// drawing nothing, while a SkipDefaultInitGuard is alive on this thread.
 void default_layer_init_(const Tensor& weight, const Tensor& bias,
                          Generator& gen = default_generator());
+
+// Note [drawing the initialization once]: a model that overwrites every layer's default
+// initialization (models::init_cnn) builds its layers under this guard, so each weight is
+// drawn once, from the distribution it keeps, instead of drawn by default_layer_init_ and
+// then redrawn (what torch.nn.utils.skip_init does for one module). The layers' weights and
+// biases are left uninitialized until the caller fills them. Thread-local and nestable, like
+// NoGradGuard.
+class SkipDefaultInitGuard {
+ public:
+  SkipDefaultInitGuard();
+  ~SkipDefaultInitGuard();
+  SkipDefaultInitGuard(const SkipDefaultInitGuard&) = delete;
+  SkipDefaultInitGuard& operator=(const SkipDefaultInitGuard&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
 
 }  // namespace tandem::nn::init

@@ -430,24 +430,30 @@ void save(const Module& module, const std::string& path, const Metadata& metadat
 
 Metadata load(Module& module, const std::string& path) {
   SafetensorsFile file = read_safetensors(path);
+  load_checked(module, file.tensors, path);
+  return std::move(file.metadata);
+}
+
+void load_checked(Module& module, const StateDict& state, const std::string& path,
+                  const std::string& prefix) {
   const StateDict own = module.state_dict();
   for (const auto& [name, t] : own) {
-    const Tensor* src = file.tensors.find(name);
-    TANDEM_CHECK(src != nullptr, Value, path, ": tensor '", name, "' (", st_dtype(t.dtype()), " ",
-                 shape_str(t.shape()), " in the ", module.name(), ") is missing from the file");
-    TANDEM_CHECK(src->dtype() == t.dtype(), DType, path, ": tensor '", name, "' is ",
+    const Tensor* src = state.find(name);
+    TANDEM_CHECK(src != nullptr, Value, path, ": tensor '", prefix, name, "' (", st_dtype(t.dtype()),
+                 " ", shape_str(t.shape()), " in the ", module.name(), ") is missing from the file");
+    TANDEM_CHECK(src->dtype() == t.dtype(), DType, path, ": tensor '", prefix, name, "' is ",
                  st_dtype(src->dtype()), " in the file but ", st_dtype(t.dtype()), " in the ",
                  module.name());
-    TANDEM_CHECK(src->shape() == t.shape(), Shape, path, ": tensor '", name, "' has shape ",
-                 shape_str(src->shape()), " in the file but ", shape_str(t.shape()), " in the ",
+    TANDEM_CHECK(src->shape() == t.shape(), Shape, path, ": tensor '", prefix, name,
+                 "' has shape ", shape_str(src->shape()), " in the file but ",
+                 shape_str(t.shape()), " in the ", module.name());
+  }
+  for (const auto& [name, t] : state) {
+    TANDEM_CHECK(own.contains(name), Value, path, ": tensor '", prefix, name, "' (",
+                 st_dtype(t.dtype()), " ", shape_str(t.shape()), ") is in the file but not in the ",
                  module.name());
   }
-  for (const auto& [name, t] : file.tensors) {
-    TANDEM_CHECK(own.contains(name), Value, path, ": tensor '", name, "' (", st_dtype(t.dtype()),
-                 " ", shape_str(t.shape()), ") is in the file but not in the ", module.name());
-  }
-  module.load_state_dict(file.tensors, /*strict=*/true);
-  return std::move(file.metadata);
+  module.load_state_dict(state, /*strict=*/true);
 }
 
 }  // namespace tandem::nn

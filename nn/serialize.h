@@ -80,4 +80,9 @@ void save(const Module& module, const std::string& path, const Metadata& metadat
 // file's metadata.
 Metadata load(Module& module, const std::string& path);
 
+// load()'s checks and copy for tensors already read: `state` into module, every message
+// starting with `source` (the file) and naming the tensor as prefix + its state-dict name.
+void load_checked(Module& module, const StateDict& state, const std::string& source,
+                  const std::string& prefix = "");
+
 }  // namespace tandem::nn

@@ -9,6 +9,9 @@ namespace tandem::nn::models {
 // apply() order), bias zeros. d2l applies Xavier-uniform to these weights for LeNet and ResNet
 // (init_cnn / train_ch6); zero biases make the start independent of the default bias draw
 // and match the PyTorch side of the benchmarks. BatchNorm keeps weight 1, bias 0.
+// Overwrites every Conv2d and Linear weight and bias, so the models build their layers under
+// init::SkipDefaultInitGuard and draw each weight once (Note [drawing the initialization
+// once] in nn/init.h).
 void init_cnn(Module& net, Generator& gen = default_generator());
 
 }  // namespace tandem::nn::models

@@ -2,6 +2,7 @@
 
 #include "nn/activation.h"
 #include "nn/conv.h"
+#include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/models/init_cnn.h"
 #include "nn/pooling.h"
@@ -24,12 +25,17 @@ std::shared_ptr<Module> pool(LeNetActivation a) {
 
 std::shared_ptr<Sequential> lenet(const LeNetOptions& options, Generator& gen) {
   const LeNetActivation a = options.activation;
-  auto net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      std::make_shared<Conv2d>(1, 6, 5, 1, 2, true, gen), activation(a), pool(a),
-      std::make_shared<Conv2d>(6, 16, 5, 1, 0, true, gen), activation(a), pool(a),
-      std::make_shared<Flatten>(), std::make_shared<Linear>(16 * 5 * 5, 120, true, gen),
-      activation(a), std::make_shared<Linear>(120, 84, true, gen), activation(a),
-      std::make_shared<Linear>(84, options.num_classes, true, gen)});
+  // Note [drawing the initialization once]: init_cnn below draws every weight and bias.
+  std::shared_ptr<Sequential> net;
+  {
+    init::SkipDefaultInitGuard skip;
+    net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+        std::make_shared<Conv2d>(1, 6, 5, 1, 2, true, gen), activation(a), pool(a),
+        std::make_shared<Conv2d>(6, 16, 5, 1, 0, true, gen), activation(a), pool(a),
+        std::make_shared<Flatten>(), std::make_shared<Linear>(16 * 5 * 5, 120, true, gen),
+        activation(a), std::make_shared<Linear>(120, 84, true, gen), activation(a),
+        std::make_shared<Linear>(84, options.num_classes, true, gen)});
+  }
   init_cnn(*net, gen);
   return net;
 }

@@ -3,6 +3,7 @@
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/conv.h"
+#include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/models/init_cnn.h"
 #include "nn/pooling.h"
@@ -30,14 +31,19 @@ std::shared_ptr<Sequential> stage(int64_t in, int64_t out, int64_t blocks, bool 
 }  // namespace
 
 std::shared_ptr<Sequential> resnet18(int64_t num_classes, int64_t in_channels, Generator& gen) {
-  auto stem = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      std::make_shared<Conv2d>(in_channels, 64, 3, 1, 1, true, gen),
-      std::make_shared<BatchNorm2d>(64), std::make_shared<ReLU>()});
-  auto net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      stem, stage(64, 64, 2, true, gen), stage(64, 128, 2, false, gen),
-      stage(128, 256, 2, false, gen), stage(256, 512, 2, false, gen),
-      std::make_shared<GlobalAvgPool2d>(), std::make_shared<Flatten>(),
-      std::make_shared<Linear>(512, num_classes, true, gen)});
+  // Note [drawing the initialization once]: init_cnn below draws every weight and bias.
+  std::shared_ptr<Sequential> net;
+  {
+    init::SkipDefaultInitGuard skip;
+    auto stem = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+        std::make_shared<Conv2d>(in_channels, 64, 3, 1, 1, true, gen),
+        std::make_shared<BatchNorm2d>(64), std::make_shared<ReLU>()});
+    net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+        stem, stage(64, 64, 2, true, gen), stage(64, 128, 2, false, gen),
+        stage(128, 256, 2, false, gen), stage(256, 512, 2, false, gen),
+        std::make_shared<GlobalAvgPool2d>(), std::make_shared<Flatten>(),
+        std::make_shared<Linear>(512, num_classes, true, gen)});
+  }
   init_cnn(*net, gen);
   return net;
 }

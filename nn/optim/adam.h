@@ -79,6 +79,19 @@ class Adam : public Optimizer {
 
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
   bool update_flat(const Tensor& params, const Tensor& grads) override;
+  // Note [optimizer state names]: "step", "exp_avg", "exp_avg_sq".
+  std::vector<StateKind> state_kinds() const override {
+    return {{"step", false}, {"exp_avg", true}, {"exp_avg_sq", true}};
+  }
+  std::vector<Tensor>* state_slots(const std::string& name) override {
+    return name == "exp_avg" ? &m_ : &v_;
+  }
+  double scalar_state(size_t index, const std::string&) const override {
+    return static_cast<double>(steps_.at(index));
+  }
+  void set_scalar_state(size_t index, const std::string&, double value) override {
+    steps_.at(index) = static_cast<int64_t>(value);
+  }
 
  private:
   AdamParams kernel_params() const;

@@ -1,5 +1,8 @@
 #include "nn/optim/optimizer.h"
 
+#include <cmath>
+#include <map>
+
 #include "autograd/grad_mode.h"
 #include "core/error.h"
 
@@ -89,6 +92,109 @@ const Tensor& Optimizer::state_like(Tensor& slot, const Tensor& param) {
     slot = slot.to(param.device());
   }
   return slot;
+}
+
+StateDict Optimizer::state_dict() const {
+  auto* self = const_cast<Optimizer*>(this);  // state_slots is non-const only to allow loading
+  const std::vector<StateKind> kinds = state_kinds();
+  StateDict out;
+  const StateKind* first_kind = nullptr;
+  for (const StateKind& k : kinds)
+    if (k.like_param && first_kind == nullptr) first_kind = &k;
+  if (first_kind == nullptr) return out;
+  const std::vector<Tensor>& first = *self->state_slots(first_kind->name);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!first[i].defined()) continue;
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    for (const StateKind& k : kinds) {
+      if (k.like_param) {
+        out.insert(prefix + k.name, (*self->state_slots(k.name))[i]);
+      } else {
+        Tensor v = zeros({}, kFloat32);
+        v.fill_(scalar_state(i, k.name));
+        out.insert(prefix + k.name, v);
+      }
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& state) {
+  const std::vector<StateKind> kinds = state_kinds();
+  // entries[i][kind] -> the file's tensor, validated before anything changes.
+  std::vector<std::map<std::string, Tensor>> entries(params_.size());
+  for (const auto& [name, t] : state) {
+    const std::string bad = "Optimizer::load_state_dict: '" + name + "'";
+    size_t dot = std::string::npos;
+    size_t index = 0;
+    bool ok = name.rfind("state.", 0) == 0;
+    if (ok) {
+      dot = name.find('.', 6);
+      const std::string digits = name.substr(6, dot == std::string::npos ? std::string::npos : dot - 6);
+      ok = dot != std::string::npos && !digits.empty() && digits.size() < 10 &&
+           digits.find_first_not_of("0123456789") == std::string::npos;
+      if (ok) index = std::stoul(digits);
+    }
+    TANDEM_CHECK(ok, Value, bad, " is not a state name (expected state.<i>.<name>)");
+    TANDEM_CHECK(index < params_.size(), Value, bad, ": parameter ", index,
+                 " does not exist (the optimizer has ", params_.size(), ")");
+    const std::string kind = name.substr(dot + 1);
+    const StateKind* k = nullptr;
+    for (const StateKind& c : kinds)
+      if (c.name == kind) k = &c;
+    std::string known;
+    for (const StateKind& c : kinds) known += (known.empty() ? "" : ", ") + c.name;
+    TANDEM_CHECK(k != nullptr, Value, bad, ": '", kind, "' is not a state of this optimizer (",
+                 known.empty() ? std::string("it keeps none") : "it keeps " + known, ")");
+    TANDEM_CHECK(t.defined(), Value, bad, " is undefined");
+    const Tensor& p = params_[index];
+    if (k->like_param) {
+      TANDEM_CHECK(t.shape() == p.shape(), Shape, bad, " has shape ", shape_str(t.shape()),
+                   " but parameter ", index, " is ", shape_str(p.shape()));
+      TANDEM_CHECK(t.dtype() == p.dtype(), DType, bad, " is ", dtype_name(t.dtype()),
+                   " but parameter ", index, " is ", dtype_name(p.dtype()));
+    } else {
+      TANDEM_CHECK(t.numel() == 1, Shape, bad, " has shape ", shape_str(t.shape()),
+                   ", not one value");
+      const double v = t.to(kCPU).to(kFloat64).item();
+      TANDEM_CHECK(v >= 0 && std::floor(v) == v, Value, bad, " is ", v,
+                   ", not a non-negative integer");
+    }
+    entries[index][kind] = t;
+  }
+  bool all = true;  // every parameter has state: the flat layout is possible
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (entries[i].empty()) {
+      all = false;
+      continue;
+    }
+    for (const StateKind& k : kinds)
+      TANDEM_CHECK(entries[i].count(k.name), Value, "Optimizer::load_state_dict: parameter ", i,
+                   " has state but no 'state.", i, ".", k.name, "'");
+  }
+
+  NoGradGuard no_grad;
+  const Tensor flat_params = all ? contiguous_span(params_) : Tensor();
+  for (const StateKind& k : kinds) {
+    if (!k.like_param) {
+      for (size_t i = 0; i < params_.size(); ++i)
+        set_scalar_state(i, k.name, entries[i].empty() ? 0.0 : entries[i][k.name].to(kCPU).to(kFloat64).item());
+      continue;
+    }
+    std::vector<Tensor>& slots = *state_slots(k.name);
+    if (flat_params.defined()) {
+      // Note [flat optimizer step]: views of one buffer, as a first flat step would make them.
+      slots = split_views(zeros(flat_params.shape(), flat_params.dtype(), flat_params.device()), params_);
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (entries[i].empty()) {
+        slots[i] = Tensor();
+        continue;
+      }
+      if (!flat_params.defined()) slots[i] = zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
+      slots[i].copy_(entries[i][k.name]);
+    }
+  }
 }
 
 }  // namespace tandem::nn::optim

@@ -17,9 +17,11 @@
 // elementwise, so the result is the same as parameter by parameter. Anything else (a parameter
 // without a gradient, state on another device, Adam step counts that differ) takes the
 // per-parameter path.
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/module.h"  // StateDict
 
 namespace tandem::nn::optim {
 
@@ -40,7 +42,38 @@ class Optimizer {
   void set_lr(double lr);
   const std::vector<Tensor>& params() const { return params_; }
 
+  // Note [optimizer state names]: PyTorch's optimizer.state_dict()["state"], flattened with
+  // dots: "state.<i>.<name>" for parameter i (its position in params()) and each of its state
+  // entries, in PyTorch's order -- SGD "momentum_buffer"; Adam and AdamW "step" (a float32 []
+  // tensor, as PyTorch stores it), "exp_avg", "exp_avg_sq". Only parameters that have state
+  // appear (PyTorch creates it at a parameter's first step). The tensors are the live state
+  // on the parameters' devices, not copies. The hyperparameters (PyTorch's "param_groups")
+  // are not tensors and not included: the caller keeps them (lr()).
+  StateDict state_dict() const;
+  // Replaces the whole state with `state` (names as state_dict(); a parameter without entries
+  // starts afresh). Checks everything before changing anything and names the first offending
+  // tensor: a name that is not "state.<i>.<name>" with i < params().size() and a state name of
+  // this optimizer, or a parameter with only some of its entries (ValueError); a tensor whose
+  // shape (ShapeError) or dtype (DTypeError) does not match parameter i ("step": one value, a
+  // non-negative integer). Values are copied onto each parameter's device; when the
+  // parameters are coalesced, each kind of state is allocated flat (Note [flat optimizer step]).
+  void load_state_dict(const StateDict& state);
+
  protected:
+  // What state_dict() and load_state_dict() see of a subclass: its per-parameter state kinds
+  // in PyTorch's order. A kind `like_param` is one tensor per parameter, like the parameter,
+  // held in *state_slots(name) (undefined: no state yet); otherwise it is one number per
+  // parameter (scalar_state / set_scalar_state). A parameter has state when its first
+  // like_param slot is defined.
+  struct StateKind {
+    std::string name;
+    bool like_param;
+  };
+  virtual std::vector<StateKind> state_kinds() const = 0;
+  virtual std::vector<Tensor>* state_slots(const std::string& name) = 0;
+  virtual double scalar_state(size_t /*index*/, const std::string& /*name*/) const { return 0.0; }
+  virtual void set_scalar_state(size_t /*index*/, const std::string& /*name*/, double /*value*/) {}
+
   // Updates params()[index] in place from grad (same shape; defined).
   virtual void update(size_t index, const Tensor& param, const Tensor& grad) = 0;
   // Note [flat optimizer step]: every parameter at once, `params` and `grads` the 1-D spans of

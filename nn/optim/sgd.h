@@ -61,6 +61,9 @@ class SGD : public Optimizer {
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
   bool update_flat(const Tensor& params, const Tensor& grads) override;
+  // Note [optimizer state names]: "momentum_buffer".
+  std::vector<StateKind> state_kinds() const override { return {{"momentum_buffer", true}}; }
+  std::vector<Tensor>* state_slots(const std::string&) override { return &buffers_; }
 
  private:
   SgdParams kernel_params() const;

@@ -2,10 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "helpers.h"
 #include "nn/init.h"
+#include "nn/models/lenet.h"
 #include "nn_test_util.h"
 
 using namespace tandem;
@@ -85,4 +87,31 @@ TEST_CASE("init: bounds, spread and determinism", "[nn]") {
 
   CHECK_THROWS_AS(init::xavier_uniform_(empty({3}), 1.0, gen), ValueError);
   CHECK_THROWS_AS(init::uniform_(empty({3}, kInt64), 0, 1, gen), DTypeError);
+}
+
+TEST_CASE("init: the models draw each weight once, Xavier-uniform, under SkipDefaultInitGuard", "[nn]") {
+  // Under the guard, default_layer_init_ draws nothing.
+  {
+    Generator g(9), ref(9);
+    Tensor w = zeros({4, 3}), b = zeros({4});
+    {
+      init::SkipDefaultInitGuard skip;
+      CHECK(init::SkipDefaultInitGuard::active());
+      init::default_layer_init_(w, b, g);
+    }
+    CHECK(!init::SkipDefaultInitGuard::active());
+    CHECK(values(w) == std::vector<double>(12, 0.0));
+    CHECK(g.next_u64() == ref.next_u64());
+  }
+  // LeNet from a seed: each Conv2d/Linear weight is the next xavier_uniform_ draw (in module
+  // order), biases are zero, and nothing else was drawn.
+  Generator g(3), ref(3);
+  auto net = models::lenet({}, g);
+  for (const auto& [name, t] : net->state_dict()) {
+    INFO(name);
+    Tensor want = zeros(t.shape());
+    if (name.find("weight") != std::string::npos) init::xavier_uniform_(want, 1.0, ref);
+    CHECK(values(t) == values(want));
+  }
+  CHECK(g.next_u64() == ref.next_u64());
 }

@@ -128,7 +128,8 @@ TEST_CASE("BatchNorm2d: train vs eval and running statistics", "[nn]") {
   const int64_t N = 4, C = 3, H = 2, W = 3, M = N * H * W;
   BatchNorm2d bn(C);
   CHECK(bn.named_parameters().keys() == std::vector<std::string>{"weight", "bias"});
-  CHECK(bn.named_buffers().keys() == std::vector<std::string>{"running_mean", "running_var"});
+  CHECK(bn.named_buffers().keys() ==
+        std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"});
   auto x1 = host_random(N * C * H * W, 7, -2, 3), x2 = host_random(N * C * H * W, 8, 0, 1);
   // Per-channel mean and biased variance of a [N, C, H, W] host array.
   auto stats = [&](const std::vector<double>& x, int64_t c) {
@@ -234,7 +235,7 @@ TEST_CASE("ResNet-18 output shape, gradients and parameter count", "[nn]") {
   CHECK(expected == 11175818);
   CHECK(net->num_parameters() == 11175818);
   CHECK(net->named_parameters().size() == 2 + 2 + 8 * 8 + 3 * 2 + 2);
-  CHECK(net->named_buffers().size() == 2 * (1 + 8 * 2));
+  CHECK(net->named_buffers().size() == 3 * (1 + 8 * 2));  // mean, var, num_batches_tracked
   CHECK(net->named_parameters().contains("4.0.conv3.weight"));
   CHECK_FALSE(net->named_parameters().contains("1.0.conv3.weight"));
   // init_cnn: Xavier-uniform conv/linear weights, zero biases; BatchNorm weight 1, bias 0.

@@ -87,10 +87,10 @@ TEST_CASE("Module registers parameters, buffers and children in order", "[nn]") 
   CHECK(names ==
         std::vector<std::string>{"0.weight", "0.bias", "2.0.weight", "2.1.weight", "2.1.bias"});
   CHECK(net->named_buffers().keys() ==
-        std::vector<std::string>{"2.1.running_mean", "2.1.running_var"});
+        std::vector<std::string>{"2.1.running_mean", "2.1.running_var", "2.1.num_batches_tracked"});
   CHECK(net->state_dict().keys() ==
         std::vector<std::string>{"0.weight", "0.bias", "2.0.weight", "2.1.weight", "2.1.bias",
-                                 "2.1.running_mean", "2.1.running_var"});
+                                 "2.1.running_mean", "2.1.running_var", "2.1.num_batches_tracked"});
   CHECK(net->num_parameters() == 12 + 4 + 8 + 2 + 2);
   CHECK(net->children().size() == 3);
   CHECK(net->parameters(false).empty());

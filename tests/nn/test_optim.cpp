@@ -2,8 +2,11 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "helpers.h"
 #include "nn/nn.h"
@@ -13,6 +16,8 @@ using namespace tandem;
 using namespace tandem::nn;
 using tandem::test::f64;
 using tandem::test::values;
+using tandem::test::contains;
+using tandem::test::error_message;
 
 namespace {
 
@@ -339,4 +344,107 @@ TEST_CASE("a coalesced model takes one fused optimizer step with the same result
   sgd.step();
   CHECK(sgd.momentum_buffer(0).storage() == sgd.momentum_buffer(2).storage());
   CHECK(values(sgd.momentum_buffer(1)) == values(m.flat_grads[1]));  // the first step: buf = grad
+}
+
+TEST_CASE("optimizer state_dict: PyTorch's names, and a loaded optimizer continues bit for bit", "[nn]") {
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+  const std::vector<std::tuple<const char*, Make, std::vector<std::string>>> makers{
+      {"sgd momentum", [](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(ps, 0.1, 0.9, 0.1, 0.01); },
+       {"momentum_buffer"}},
+      {"adam", [](std::vector<Tensor> ps) { return std::make_unique<optim::Adam>(ps, 0.05); },
+       {"step", "exp_avg", "exp_avg_sq"}},
+      {"adamw", [](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(ps, 0.05); },
+       {"step", "exp_avg", "exp_avg_sq"}},
+  };
+  for (const auto& [name, make, kinds] : makers) {
+    INFO(name);
+    for (bool flat : {false, true}) {
+      INFO("coalesced " << flat);
+      // Two identical models: a runs four steps; b runs two, copies a's state after two steps
+      // into a fresh optimizer, and runs two more.
+      TwoModels ma = two_models(), mb = two_models();
+      {
+        NoGradGuard no_grad;
+        for (size_t k = 0; k < ma.flat_params.size(); ++k) {
+          mb.flat_params[k].copy_(ma.flat_params[k]);
+          mb.plain_params[k].copy_(ma.flat_params[k]);
+        }
+      }
+      auto pa = flat ? ma.flat_params : ma.plain_params, pb = flat ? mb.flat_params : mb.plain_params;
+      auto a = make(pa), b = make(pb);
+      CHECK(a->state_dict().size() == 0);  // no state before the first step, as in PyTorch
+      auto step_both = [&](optim::Optimizer& x, optim::Optimizer& y) {
+        ma.grad_buffer.copy_(uniform({13}, -1.0, 1.0, kFloat64));
+        mb.grad_buffer.copy_(ma.grad_buffer);
+        for (size_t k = 0; k < pa.size(); ++k) {
+          pa[k].set_grad(flat ? ma.flat_grads[k] : ma.flat_grads[k].clone());
+          pb[k].set_grad(flat ? mb.flat_grads[k] : mb.flat_grads[k].clone());
+        }
+        x.step();
+        y.step();
+      };
+      step_both(*a, *b);
+      step_both(*a, *b);
+      const StateDict sd = a->state_dict();
+      REQUIRE(sd.size() == pa.size() * kinds.size());
+      size_t at = 0;
+      for (size_t i = 0; i < pa.size(); ++i)
+        for (const std::string& k : kinds) CHECK(sd.item(at++).first == "state." + std::to_string(i) + "." + k);
+      if (kinds.front() == "step") CHECK(sd.find("state.1.step")->item() == 2.0);
+
+      auto c = make(pb);  // a fresh optimizer over b's parameters takes a's state
+      c->load_state_dict(sd);
+      if (flat) CHECK(c->state_dict().item(kinds.size() - 1).second.storage() ==
+                      c->state_dict().item(c->state_dict().size() - 1).second.storage());
+      step_both(*a, *c);
+      step_both(*a, *c);
+      for (size_t k = 0; k < pa.size(); ++k) CHECK(values(pa[k]) == values(pb[k]));
+    }
+  }
+}
+
+TEST_CASE("optimizer load_state_dict names the first tensor that does not fit and changes nothing", "[nn]") {
+  TwoModels m = two_models();
+  optim::Adam adam(m.plain_params, 0.05);
+  for (size_t k = 0; k < m.plain_params.size(); ++k) m.plain_params[k].set_grad(ones(m.plain_params[k].shape(), kFloat64));
+  adam.step();
+  const StateDict good = adam.state_dict();
+  auto with = [&](const std::string& name, const Tensor& t) {
+    StateDict s;
+    for (const auto& [n, v] : good) s.insert(n, n == name ? t : v);
+    if (!s.contains(name)) s.insert(name, t);
+    return s;
+  };
+  const Shape shape1 = m.plain_params[1].shape();
+  CHECK(contains(error_message<ShapeError>([&] { adam.load_state_dict(with("state.1.exp_avg", zeros({99}, kFloat64))); }),
+                 "state.1.exp_avg"));
+  CHECK(contains(error_message<DTypeError>([&] { adam.load_state_dict(with("state.1.exp_avg_sq", zeros(shape1, kFloat32))); }),
+                 "state.1.exp_avg_sq"));
+  CHECK(contains(error_message<ValueError>([&] { adam.load_state_dict(with("state.9.exp_avg", zeros({1}))); }),
+                 "parameter 9 does not exist"));
+  CHECK(contains(error_message<ValueError>([&] { adam.load_state_dict(with("state.0.momentum_buffer", zeros({1}))); }),
+                 "'momentum_buffer' is not a state of this optimizer"));
+  CHECK(contains(error_message<ValueError>([&] { adam.load_state_dict(with("weird", zeros({1}))); }),
+                 "'weird' is not a state name"));
+  CHECK(contains(error_message<ValueError>([&] { adam.load_state_dict(with("state.0.step", full({}, 1.5))); }),
+                 "not a non-negative integer"));
+  StateDict partial;
+  for (const auto& [n, v] : good)
+    if (n != "state.2.exp_avg") partial.insert(n, v);
+  CHECK(contains(error_message<ValueError>([&] { adam.load_state_dict(partial); }), "state.2.exp_avg"));
+  // Nothing changed: the state is the one before the failed loads.
+  const StateDict after = adam.state_dict();
+  REQUIRE(after.size() == good.size());
+  for (size_t i = 0; i < good.size(); ++i) {
+    const bool step = good.item(i).first.find(".step") != std::string::npos;  // a fresh [] tensor each time
+    CHECK((step ? values(after.item(i).second) == values(good.item(i).second)
+                : after.item(i).second.same(good.item(i).second)));
+  }
+  // SGD's file into SGD without momentum is accepted (the state is simply unused); an empty
+  // state resets.
+  optim::SGD sgd(m.plain_params, 0.1, 0.9);
+  sgd.step();
+  CHECK(sgd.momentum_buffer(0).defined());
+  sgd.load_state_dict({});
+  CHECK(!sgd.momentum_buffer(0).defined());
 }
