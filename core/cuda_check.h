@@ -2,10 +2,12 @@
 // Check macros for the CUDA runtime, cuBLAS, cuDNN and NCCL. Include only from code built
 // with TANDEM_WITH_CUDA. Each throws a typed tandem error carrying the expression, the
 // library's own message, file and line; the _LOG variants only log (for destructors).
+// current_cuda_stream is in core/cuda_stream.h.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "core/error.h"
-#include "core/stream.h"
 
 #define TANDEM_CUDA_CHECK(expr)                                                           \
   do {                                                                                    \
@@ -52,9 +54,6 @@
   } while (0)
 
 namespace tandem {
-// The cudaStream_t of the current stream of d on this thread.
-inline cudaStream_t current_cuda_stream(Device d) {
-  return static_cast<cudaStream_t>(current_stream(d).handle());
-}
+// Blocks for `a` items at `b` per block.
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace tandem

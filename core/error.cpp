@@ -23,18 +23,10 @@ const char* short_path(const char* file) {
 void throw_error(int kind, const std::string& msg, const char* file, int line) {
   std::string full = msg + " (" + short_path(file) + ":" + std::to_string(line) + ")";
   switch (kind) {
-    case kShape: throw ShapeError(full);
-    case kDevice: throw DeviceError(full);
-    case kDType: throw DTypeError(full);
-    case kValue: throw ValueError(full);
-    case kIO: throw IOError(full);
-    case kFormat: throw FormatError(full);
-    case kCuda: throw CudaError(full);
-    case kCublas: throw CublasError(full);
-    case kCudnn: throw CudnnError(full);
-    case kNccl: throw NcclError(full);
-    case kDist: throw DistError(full);
-    case kTimeout: throw TimeoutError(full);
+#define TANDEM_ERROR_THROW_(kind_name, type) \
+  case k##kind_name: throw type(full);
+    TANDEM_ERROR_TYPES(TANDEM_ERROR_THROW_)
+#undef TANDEM_ERROR_THROW_
     default: throw Error(full);
   }
 }

@@ -14,21 +14,60 @@ namespace tandem {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+  // Throws a new error of this one's dynamic type whose message is `prefix` + what(): a
+  // caller that catches ShapeError still catches it after it was passed on with more context
+  // (a worker thread's rank and device, for instance).
+  [[noreturn]] virtual void rethrow_with_prefix(const std::string& prefix) const {
+    throw Error(prefix + what());
+  }
 };
-class ShapeError : public Error { using Error::Error; };
-class DeviceError : public Error { using Error::Error; };
-class DTypeError : public Error { using Error::Error; };
-class ValueError : public Error { using Error::Error; };
-class IOError : public Error { using Error::Error; };
-class FormatError : public IOError { using IOError::IOError; };
-class CudaError : public Error { using Error::Error; };
-class CublasError : public CudaError { using CudaError::CudaError; };
-class CudnnError : public CudaError { using CudaError::CudaError; };
-class NcclError : public Error { using Error::Error; };
+
+namespace detail {
+// The base of every error type below Error: gives it rethrow_with_prefix for its own type,
+// so that no list of types has to be kept in step with this file by hand.
+template <class Self, class Parent>
+class ErrorOf : public Parent {
+ public:
+  using Parent::Parent;
+  [[noreturn]] void rethrow_with_prefix(const std::string& prefix) const override {
+    throw Self(prefix + this->what());
+  }
+};
+}  // namespace detail
+
+// A new error type derives from detail::ErrorOf<itself, its parent> and joins
+// TANDEM_ERROR_TYPES below.
+class ShapeError : public detail::ErrorOf<ShapeError, Error> { using ErrorOf::ErrorOf; };
+class DeviceError : public detail::ErrorOf<DeviceError, Error> { using ErrorOf::ErrorOf; };
+class DTypeError : public detail::ErrorOf<DTypeError, Error> { using ErrorOf::ErrorOf; };
+class ValueError : public detail::ErrorOf<ValueError, Error> { using ErrorOf::ErrorOf; };
+class IOError : public detail::ErrorOf<IOError, Error> { using ErrorOf::ErrorOf; };
+class FormatError : public detail::ErrorOf<FormatError, IOError> { using ErrorOf::ErrorOf; };
+class CudaError : public detail::ErrorOf<CudaError, Error> { using ErrorOf::ErrorOf; };
+class CublasError : public detail::ErrorOf<CublasError, CudaError> { using ErrorOf::ErrorOf; };
+class CudnnError : public detail::ErrorOf<CudnnError, CudaError> { using ErrorOf::ErrorOf; };
+class NcclError : public detail::ErrorOf<NcclError, Error> { using ErrorOf::ErrorOf; };
 // Between processes: rendezvous, the store, a process group's collectives.
-class DistError : public Error { using Error::Error; };
+class DistError : public detail::ErrorOf<DistError, Error> { using ErrorOf::ErrorOf; };
 // A wait that ran past its deadline (a store key, a barrier, a collective).
-class TimeoutError : public DistError { using DistError::DistError; };
+class TimeoutError : public detail::ErrorOf<TimeoutError, DistError> { using ErrorOf::ErrorOf; };
+
+// Every error type, as X(Kind, Type): Kind is what TANDEM_CHECK / TANDEM_THROW take. The one
+// list the kind enum, throw_error and the tests are made from.
+#define TANDEM_ERROR_TYPES(X) \
+  X(Error, Error)             \
+  X(Shape, ShapeError)        \
+  X(Device, DeviceError)      \
+  X(DType, DTypeError)        \
+  X(Value, ValueError)        \
+  X(IO, IOError)              \
+  X(Format, FormatError)      \
+  X(Cuda, CudaError)          \
+  X(Cublas, CublasError)      \
+  X(Cudnn, CudnnError)        \
+  X(Nccl, NcclError)          \
+  X(Dist, DistError)          \
+  X(Timeout, TimeoutError)
 
 namespace detail {
 // Streams every argument into one string: str("x=", 3, " y=", 4.5).
@@ -38,17 +77,19 @@ std::string str(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
+#define TANDEM_ERROR_KIND_ENUM_(kind, type) k##kind,
+enum ErrorKind : int { TANDEM_ERROR_TYPES(TANDEM_ERROR_KIND_ENUM_) kNumErrorKinds };
+#undef TANDEM_ERROR_KIND_ENUM_
+// Throws the error type of `kind` with msg + " (file:line)".
 [[noreturn]] void throw_error(int kind, const std::string& msg, const char* file, int line);
 void log_error(const std::string& msg, const char* file, int line) noexcept;
-enum ErrorKind : int {
-  kError, kShape, kDevice, kDType, kValue, kIO, kFormat, kCuda, kCublas, kCudnn, kNccl, kDist, kTimeout
-};
 }  // namespace detail
 
 }  // namespace tandem
 
 // TANDEM_CHECK(cond, Kind, message parts...): throws tandem::<Kind>Error when cond is false.
-// Kind is one of Error, Shape, Device, DType, Value, IO, Format, Cuda, Nccl, Dist, Timeout.
+// Kind is one of the kinds of TANDEM_ERROR_TYPES: Error, Shape, Device, DType, Value, IO,
+// Format, Cuda, Cublas, Cudnn, Nccl, Dist, Timeout.
 #define TANDEM_CHECK(cond, kind, ...)                                                  \
   do {                                                                                 \
     if (!(cond)) {                                                                     \

@@ -32,7 +32,7 @@ std::vector<Device> cpu_devices(int n) {
   return out;
 }
 
-std::vector<Device> default_devices(int n) {
+std::vector<Device> cuda_or_cpu_devices(int n) {
   return cuda_device_count() >= n ? cuda_devices(n) : cpu_devices(n);
 }
 

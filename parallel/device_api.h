@@ -34,9 +34,9 @@ inline int device_count() { return cuda_device_count(); }
 std::vector<Device> cuda_devices(int n = -1);
 // cpu:0 .. cpu:n-1 (virtual CPU devices). ValueError when n < 1.
 std::vector<Device> cpu_devices(int n);
-// n GPUs when that many are visible, otherwise n virtual CPU devices: what examples and
-// benchmarks use to run anywhere.
-std::vector<Device> default_devices(int n);
+// cuda:0 .. cuda:n-1 when n GPUs are visible, otherwise cpu:0 .. cpu:n-1 (never a mix): n
+// devices of one kind, so that multi-device code runs on any machine.
+std::vector<Device> cuda_or_cpu_devices(int n);
 
 // Throws (naming `who` and the list) unless `devices` is a usable device list: not empty, no
 // device twice, not CPU and CUDA mixed (ValueError), every device exists (DeviceError).

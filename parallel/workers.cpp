@@ -14,22 +14,12 @@ namespace {
 thread_local const DeviceWorkers* t_owner = nullptr;  // the pool this thread works for
 
 // Rethrows `e` as the same tandem error type with `prefix` in front of its message, so a
-// caller can still catch ShapeError etc. and see which device failed.
-[[noreturn]] void rethrow_with_prefix(std::exception_ptr e, const std::string& prefix) {
+// caller can still catch ShapeError etc. and see which device failed. Anything else becomes
+// a tandem::Error.
+void rethrow_with_prefix(std::exception_ptr e, const std::string& prefix) {
   try {
     std::rethrow_exception(e);
-  } catch (const FormatError& x) { throw FormatError(prefix + x.what());
-  } catch (const IOError& x) { throw IOError(prefix + x.what());
-  } catch (const ShapeError& x) { throw ShapeError(prefix + x.what());
-  } catch (const DeviceError& x) { throw DeviceError(prefix + x.what());
-  } catch (const DTypeError& x) { throw DTypeError(prefix + x.what());
-  } catch (const ValueError& x) { throw ValueError(prefix + x.what());
-  } catch (const CublasError& x) { throw CublasError(prefix + x.what());
-  } catch (const CudnnError& x) { throw CudnnError(prefix + x.what());
-  } catch (const CudaError& x) { throw CudaError(prefix + x.what());
-  } catch (const NcclError& x) { throw NcclError(prefix + x.what());
-  } catch (const TimeoutError& x) { throw TimeoutError(prefix + x.what());
-  } catch (const DistError& x) { throw DistError(prefix + x.what());
+  } catch (const Error& x) { x.rethrow_with_prefix(prefix);
   } catch (const std::exception& x) { throw Error(prefix + x.what());
   } catch (...) { throw Error(prefix + "unknown exception");
   }

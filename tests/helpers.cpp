@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "kernels/backend.h"
 
 namespace tandem::test {
@@ -25,6 +26,14 @@ double rel_error(const Tensor& a, const Tensor& b) {
     den = std::max(den, std::abs(vb[i]));
   }
   return num / den;
+}
+
+std::vector<ErrorCase> error_cases() {
+  return {
+#define TANDEM_TEST_ERROR_CASE_(kind, type) {detail::k##kind, #type, typeid(type)},
+      TANDEM_ERROR_TYPES(TANDEM_TEST_ERROR_CASE_)
+#undef TANDEM_TEST_ERROR_CASE_
+  };
 }
 
 }  // namespace tandem::test

@@ -2,6 +2,7 @@
 // Shared test helpers.
 #include <cmath>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "catch.h"
@@ -32,6 +33,15 @@ std::string error_message(F&& f) {
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
+
+// Every error type of the one list in core/error.h (TANDEM_ERROR_TYPES): its kind, its name
+// and its type, for tests that must cover each of them.
+struct ErrorCase {
+  int kind;
+  const char* name;
+  const std::type_info& type;
+};
+std::vector<ErrorCase> error_cases();
 
 }  // namespace tandem::test
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <set>
 #include <thread>
+#include <typeinfo>
 
 #include "autograd/grad_mode.h"
 #include "parallel_test_util.h"
@@ -77,6 +78,26 @@ TEST_CASE("an exception in a worker reaches the caller with the device named", "
   std::atomic<int> ran{0};
   workers.run([&](size_t) { ++ran; });
   CHECK(ran.load() == 3);
+}
+
+TEST_CASE("every tandem error type keeps its type through a worker", "[parallel]") {
+  DeviceWorkers workers(cpu_devices(2));
+  // Every type of the one list in core/error.h: a type added there without its own
+  // rethrow_with_prefix (a plain `: public Error`) comes back as its parent and fails here.
+  const std::vector<test::ErrorCase> cases = test::error_cases();
+  REQUIRE(cases.size() == static_cast<size_t>(detail::kNumErrorKinds));
+  for (const test::ErrorCase& c : cases) {
+    INFO(c.name);
+    try {
+      workers.run([&](size_t r) {
+        if (r == 1) detail::throw_error(c.kind, std::string("failing with ") + c.name, __FILE__, __LINE__);
+      });
+      FAIL("expected an exception");
+    } catch (const Error& e) {
+      CHECK(typeid(e) == c.type);
+      CHECK(contains(e.what(), "worker 1 (cpu:1) failed: failing with " + std::string(c.name)));
+    }
+  }
 }
 
 TEST_CASE("a nested run is refused instead of deadlocking", "[parallel]") {

@@ -1,7 +1,10 @@
-// Per-tensor autograd state, graph recording, and the autograd members of Tensor.
+// The autograd members of Tensor (requires_grad, grad, backward, hooks, ...) and what they
+// stand on, declared in autograd/node.h: per-tensor AutogradMeta, AccumulateGrad, graph
+// recording, and the iterative destruction of graphs.
 #include <atomic>
 #include <limits>
 
+#include "autograd/anomaly.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -123,6 +126,8 @@ void record(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& outputs) {
   if (!grad_enabled()) return;
   TANDEM_CHECK(node != nullptr, Value, "record: null node");
+  if (AnomalyMode::is_enabled()) [[unlikely]]
+    detail::anomaly_check_forward(*node, inputs, outputs);
   node->sequence_nr = g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed);
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   node->next_edges.clear();

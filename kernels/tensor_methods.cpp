@@ -1,5 +1,6 @@
-// The Tensor members and factories that move or fill data: they need a backend, so they live
-// here rather than in core/ (core never depends on kernels).
+// The Tensor members and factories that move or fill data (copy_, fill_, contiguous, clone,
+// to, item, to_vector; empty, zeros, arange, rand, from_vector, from_blob, ...): they need a
+// backend, so they live here rather than in core/tensor.cpp (core never depends on kernels).
 #include <cstring>
 
 #include "core/generator.h"
