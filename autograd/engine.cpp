@@ -6,6 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "autograd/anomaly.h"
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
 
@@ -87,6 +88,48 @@ class CallbackScope {
   std::vector<std::function<void()>>* prev_;
 };
 
+// Note [tensor hooks]
+// Tensor::register_hook stores its hook on the node that will receive the tensor's gradient:
+// the producer (grad_fn, keyed by which output the tensor is) for a non-leaf, the
+// AccumulateGrad for a leaf. By the time a node runs, the engine has summed every gradient of
+// each of its outputs, so a hook sees the whole gradient of its tensor exactly once per
+// backward, as PyTorch's tensor pre-hooks do, and whatever it returns is what the node (and
+// so everything upstream, or the leaf's .grad) receives. retain_grad() is one more hook of
+// that kind, run after the user's so that .grad shows the gradient they produced; it holds
+// the tensor weakly (the node must not keep an activation alive).
+void run_tensor_hooks(Node& n, TensorList& grads) {
+  if (n.tensor_hooks.empty() && n.retained_grads.empty()) return;
+  const std::vector<Node::TensorHook> hooks = n.tensor_hooks;  // a hook may add or remove hooks
+  for (const Node::TensorHook& h : hooks) {
+    Tensor& g = grads.at(h.output_nr);
+    if (!g.defined()) continue;
+    Tensor replaced = h.fn(g);
+    if (!replaced.defined()) continue;
+    TANDEM_CHECK(replaced.shape() == g.shape(), Shape, "tensor hook ", h.id, " on output ",
+                 h.output_nr, " of ", n.name(), " returned a gradient of shape ",
+                 shape_str(replaced.shape()), " for a gradient of shape ", shape_str(g.shape()));
+    TANDEM_CHECK(replaced.device() == g.device(), Device, "tensor hook ", h.id, " on ",
+                 n.name(), " returned a gradient on ", replaced.device().str(), " for one on ",
+                 g.device().str());
+    TANDEM_CHECK(replaced.dtype() == g.dtype(), DType, "tensor hook ", h.id, " on ", n.name(),
+                 " returned a ", dtype_name(replaced.dtype()), " gradient for a ",
+                 dtype_name(g.dtype()), " one");
+    g = std::move(replaced);
+  }
+  for (const auto& [output_nr, weak] : n.retained_grads) {
+    const Tensor& g = grads.at(output_nr);
+    std::shared_ptr<TensorImpl> impl = weak.lock();
+    if (!g.defined() || !impl) continue;
+    AutogradMeta& m = meta(Tensor(impl));
+    if (m.grad.defined()) {
+      m.grad = kernels::binary(BinaryOp::Add, m.grad, g);  // out of place: g may be shared
+    } else {
+      m.grad = empty(g.shape(), g.dtype(), g.device());  // never an alias of g
+      m.grad.copy_(g);
+    }
+  }
+}
+
 }  // namespace
 
 void queue_callback(std::function<void()> fn) {
@@ -156,7 +199,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     TensorList input_grads;
     if (any_defined(grads)) {
       grads.resize(n->num_outputs);
+      run_tensor_hooks(*n, grads);
       input_grads = n->apply(std::move(grads));
+      if (AnomalyMode::is_enabled()) [[unlikely]]
+        detail::anomaly_check_backward(*n, input_grads);
       TANDEM_CHECK(input_grads.empty() || input_grads.size() == n->next_edges.size(), Error,
                    "backward: ", n->name(), " returned ", input_grads.size(), " gradients for ",
                    n->next_edges.size(), " inputs");
@@ -176,3 +222,44 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 }
 
 }  // namespace tandem::autograd
+
+// ---- Tensor's hooks on any tensor (Note [tensor hooks]) ---------------------------------
+
+namespace tandem {
+
+int Tensor::register_tensor_hook(std::function<Tensor(const Tensor&)> hook) const {
+  TANDEM_CHECK(defined(), Value, "register_hook on an undefined tensor");
+  TANDEM_CHECK(hook != nullptr, Value, "register_hook: empty hook");
+  const autograd::Edge edge = autograd::gradient_edge(*this);
+  TANDEM_CHECK(edge.valid(), Value, "register_hook: ", str(),
+               " does not require grad; no gradient will flow into it");
+  const int id = autograd::meta(*this).next_hook_id++;
+  edge.node->tensor_hooks.push_back({edge.input_nr, id, std::move(hook)});
+  return id;
+}
+
+void Tensor::remove_hook(int id) const {
+  const autograd::Edge edge = autograd::gradient_edge(*this);
+  if (!edge.valid()) return;
+  std::erase_if(edge.node->tensor_hooks, [&](const autograd::Node::TensorHook& h) {
+    return h.id == id && h.output_nr == edge.input_nr;
+  });
+}
+
+void Tensor::retain_grad() const {
+  TANDEM_CHECK(defined() && requires_grad(), Value, "retain_grad: ",
+               defined() ? str() : std::string("undefined tensor"),
+               " does not require grad; it will never have a gradient");
+  if (is_leaf()) return;  // a leaf keeps its gradient anyway
+  autograd::AutogradMeta& m = autograd::meta(*this);
+  if (m.retains_grad) return;
+  m.retains_grad = true;
+  m.grad_fn->retained_grads.emplace_back(m.output_nr, impl_ptr());
+}
+
+bool Tensor::retains_grad() const {
+  const autograd::AutogradMeta* m = autograd::meta_or_null(*this);
+  return m != nullptr && m->retains_grad;
+}
+
+}  // namespace tandem

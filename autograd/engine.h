@@ -18,6 +18,8 @@ namespace tandem::autograd {
 //   so each leaf's hooks fire as early as possible (FIFO among leaves: a deterministic order).
 // - A node none of whose outputs received a gradient is skipped (zero in, zero out); a leaf
 //   that receives no gradient keeps its .grad and its hooks do not fire.
+// - Tensor hooks (Tensor::register_hook, retain_grad) run on a node's summed output gradients
+//   just before the node runs, and may replace them (Note [tensor hooks] in engine.cpp).
 // - Backward runs with grad mode off: hooks may call any op without growing a graph, and
 //   gradients of gradients are not supported.
 // - No host synchronization: every step enqueues kernels on the current streams.

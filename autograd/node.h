@@ -28,7 +28,7 @@ using TensorList = std::vector<Tensor>;
 
 struct Node : std::enable_shared_from_this<Node> {
   // Hands next_edges to an iterative deleter: dropping a 100k-node chain must not recurse
-  // 100k destructors deep (Note [iterative graph destruction] in autograd/meta.cpp).
+  // 100k destructors deep (Note [iterative graph destruction] in autograd/tensor_autograd.cpp).
   virtual ~Node();
   // Gradients w.r.t. the node's inputs (one per next_edges entry; undefined = zero) given the
   // gradients w.r.t. its outputs (one per output; undefined = zero).
@@ -40,6 +40,24 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges;
   uint32_t num_outputs = 1;
   uint64_t sequence_nr = 0;  // creation order; later nodes run first when both are ready
+
+  // Tensor hooks (Tensor::register_hook) of this node's outputs; a leaf's hang on its
+  // AccumulateGrad. Before apply, the engine passes the summed gradient of output `output_nr`
+  // through each in registration order; a defined return value replaces it (Note [tensor
+  // hooks] in autograd/engine.cpp). They live on the node, not the tensor: an activation's
+  // hook fires even when the tensor itself is gone by the time backward runs.
+  struct TensorHook {
+    uint32_t output_nr;
+    int id;
+    std::function<Tensor(const Tensor&)> fn;
+  };
+  std::vector<TensorHook> tensor_hooks;
+  // Outputs that keep their gradient (Tensor::retain_grad): after the tensor hooks, the
+  // gradient of output `first` is added into the tensor's .grad, if the tensor still exists.
+  std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained_grads;
+  // Recorded only in anomaly mode (autograd/anomaly.h): the forward op and its input shapes,
+  // so that a NaN in this node's backward can name what created the node.
+  std::string anomaly_forward;
 };
 
 // A node whose backward is a lambda: the usual way to write a differentiable op.
@@ -65,7 +83,8 @@ struct FunctionNode : Node {
 struct AutogradMeta : AutogradMetaBase {
   ~AutogradMeta() override;  // iterative deleter for grad_fn (see ~Node)
   bool requires_grad = false;
-  Tensor grad;                    // leaves only
+  Tensor grad;                    // leaves, and non-leaves after retain_grad()
+  bool retains_grad = false;      // non-leaves: retain_grad() was called
   std::shared_ptr<Node> grad_fn;  // non-leaves: producing node
   uint32_t output_nr = 0;         // which output of grad_fn
   // Leaves: created lazily by gradient_edge and cached here. The accumulator refers back to

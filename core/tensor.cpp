@@ -1,5 +1,5 @@
 // Tensor metadata and raw views. Copies and factories that need a kernel live in
-// kernels/tensor_data.cpp (core does not depend on kernels).
+// kernels/tensor_methods.cpp (core does not depend on kernels).
 #include "core/tensor.h"
 
 #include <algorithm>

@@ -9,11 +9,19 @@
 // functions in autograd/ops.h (tandem::add, tandem::matmul, tandem::reshape, ...).
 // The autograd members (requires_grad, grad, backward, ...) are declared here and defined in
 // autograd/, which keeps its per-tensor state in an opaque slot of TensorImpl.
+//
+// Where the members are defined (each group below names its file):
+//   core/tensor.cpp              metadata, raw data access, raw views, contiguous_span/split_views
+//   kernels/tensor_methods.cpp   copies, fills, host reads, the factories (they need a backend)
+//   autograd/tensor_autograd.cpp the autograd members (register_hook's tensor hooks and
+//                                retain_grad: autograd/engine.cpp, which runs them)
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -57,7 +65,7 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }  // identity, not values
 
-  // ---- metadata ------------------------------------------------------------
+  // ---- metadata (core/tensor.cpp) ------------------------------------------
   const Shape& shape() const;
   const Strides& strides() const;
   int64_t dim() const { return static_cast<int64_t>(shape().size()); }
@@ -73,7 +81,7 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const;
   std::string str() const;  // "Tensor[2,3] float32 cuda:0"
 
-  // ---- raw data access (no sync: the caller knows the data is ready) -----------
+  // ---- raw data access (no sync: the caller knows the data is ready; core/tensor.cpp) ----
   void* raw_data() const;  // pointer to element 0 of the view
   template <typename T>
   T* data() const {
@@ -82,7 +90,7 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
 
-  // ---- raw views (share storage; never record autograd) -----------------------
+  // ---- raw views (share storage; never record autograd; core/tensor.cpp) ------
   Tensor view(const Shape& shape) const;  // requires contiguity; one dim may be -1
   Tensor reshape(const Shape& shape) const;  // view when possible, else copy
   Tensor flatten(int64_t start_dim = 0) const;
@@ -94,7 +102,8 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
 
-  // ---- copies (stream-ordered; never sync the host except into CPU memory from CUDA) ----
+  // ---- copies (stream-ordered; never sync the host except into CPU memory from CUDA;
+  //      kernels/tensor_methods.cpp) ----
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(Device device) const;  // same tensor when already there
@@ -105,12 +114,12 @@ class Tensor {
   void fill_(double value) const;
   void zero_() const { fill_(0.0); }
 
-  // ---- explicit host reads: these synchronize ---------------------------------------
+  // ---- explicit host reads: these synchronize (kernels/tensor_methods.cpp) ------------
   double item() const;  // one-element tensor
   template <typename T>
   std::vector<T> to_vector() const;  // contiguous copy in row-major order, any device
 
-  // ---- autograd (defined in autograd/) -----------------------------------------------
+  // ---- autograd (autograd/tensor_autograd.cpp) ---------------------------------------
   bool requires_grad() const;
   // Marks a leaf as needing a gradient. Throws on a non-floating tensor.
   Tensor& set_requires_grad(bool value = true);
@@ -124,12 +133,37 @@ class Tensor {
   // (after accumulation into .grad). Returns an id for remove_grad_hook.
   int register_grad_hook(std::function<void(const Tensor&)> hook) const;
   void remove_grad_hook(int id) const;
+  // PyTorch's Tensor.register_hook, on a leaf or a non-leaf that requires grad: hook(grad) is
+  // called once per backward pass that reaches this tensor, with the gradient flowing into it
+  // (summed over all its uses), before that gradient reaches a leaf's .grad or this tensor's
+  // producer. A hook that returns a defined tensor (same shape, dtype and device) replaces the
+  // gradient; one that returns void or an undefined tensor leaves it. Hooks run in
+  // registration order with grad mode off. Returns an id for remove_hook. ValueError when the
+  // tensor does not require grad.
+  template <typename F>
+  int register_hook(F&& hook) const {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, const Tensor&>>) {
+      return register_tensor_hook([h = std::forward<F>(hook)](const Tensor& g) mutable {
+        h(g);
+        return Tensor();
+      });
+    } else {
+      return register_tensor_hook(std::function<Tensor(const Tensor&)>(std::forward<F>(hook)));
+    }
+  }
+  int register_tensor_hook(std::function<Tensor(const Tensor&)> hook) const;
+  void remove_hook(int id) const;
+  // A non-leaf keeps its gradient: later backward passes accumulate (+=) into its .grad, after
+  // its hooks ran. A no-op on a leaf. ValueError when the tensor does not require grad.
+  void retain_grad() const;
+  bool retains_grad() const;  // true after retain_grad() on a non-leaf
 
  private:
   std::shared_ptr<TensorImpl> impl_;
 };
 
-// ---- factories ------------------------------------------------------------------------
+// ---- factories (kernels/tensor_methods.cpp, except contiguous_span and split_views:
+//      core/tensor.cpp) --------------------------------------------------------------------
 Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);

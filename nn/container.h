@@ -17,8 +17,16 @@ class Sequential : public Cloneable<Sequential> {
   // Appends m under the name of its index.
   Sequential& push_back(std::shared_ptr<Module> m);
   size_t size() const { return named_children().size(); }
+
+  // A child's handle: a shared_ptr that can also be called, so `(*seq)[i](x)` reads like
+  // PyTorch's `seq[i](x)` (and `(*seq)[i]->name()` still works).
+  struct ModulePtr : std::shared_ptr<Module> {
+    Tensor operator()(const Tensor& x) const { return (**this)(x); }
+  };
   // The i-th module; ValueError when out of range.
-  std::shared_ptr<Module> operator[](size_t i) const { return named_children().item(i).second; }
+  ModulePtr operator[](size_t i) const { return {named_children().item(i).second}; }
+  // The i-th module, callable directly: seq->at(i)(x). ValueError when out of range.
+  Module& at(size_t i) const { return *(*this)[i]; }
   // The i-th module as an M; ValueError when out of range or of another type.
   template <typename M>
   M& at(size_t i) const {

@@ -19,4 +19,5 @@
 #include "nn/optim/sgd.h"
 #include "nn/pooling.h"
 #include "nn/serialize.h"
+#include "nn/serialize_checkpoint.h"
 #include "nn/residual.h"

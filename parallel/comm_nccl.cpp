@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 #include "parallel/nccl_types.h"
 #endif
 

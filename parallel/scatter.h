@@ -3,7 +3,7 @@
 // together. Both are differentiable (built from slice, to_device and cat in autograd/ops.h),
 // so a loss computed on the gathered output sends gradients back through them.
 //
-// Copies are stream-ordered (Note [cross-device ordering] in kernels/tensor_data.cpp): the
+// Copies are stream-ordered (Note [cross-device ordering] in kernels/tensor_methods.cpp): the
 // copy of shard i runs on device i's current stream after the producer of x on x's device,
 // with no host synchronization (except from a GPU into CPU memory, which must be ready).
 #include <cstdint>

@@ -75,6 +75,11 @@ Trace::Span Trace::span(Stream stream, std::string name, std::string track) {
   return Span(r, stream);
 }
 
+Trace::Span Trace::scoped(Trace* trace, Device device, std::string_view name, std::string_view track) {
+  if (trace == nullptr) return Span();
+  return trace->span(device, std::string(name), std::string(track));
+}
+
 Trace::Span& Trace::Span::operator=(Span&& o) noexcept {
   if (this != &o) {
     end();

@@ -9,6 +9,7 @@
 //
 //   Trace trace(devices);
 //   { auto s = trace.span(devices[0], "forward+backward"); ...enqueue work... }
+//   { auto s = Trace::scoped(maybe_null_trace, devices[0], "optimizer"); ... }
 //   trace.write("step.json");
 //
 // In the output, one process per device (pid = the device's position in the list, named
@@ -17,6 +18,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/stream.h"
@@ -59,6 +61,10 @@ class Trace {
   Span span(Device device, std::string name, std::string track = "compute");
   // A span on an explicit stream.
   Span span(Stream stream, std::string name, std::string track);
+  // trace->span(device, name, track), or a span that records nothing (and costs nothing but
+  // a null check) when trace is null: code that traces only on request stays one line,
+  //   auto span = Trace::scoped(trace_, device, "optimizer");
+  static Span scoped(Trace* trace, Device device, std::string_view name, std::string_view track = "compute");
   // A finished span from two events already recorded (timing enabled) on `device`, e.g. by a
   // communication thread or stream that knows when its work really ran.
   void add(Device device, std::string name, std::string track, Event start, Event end);

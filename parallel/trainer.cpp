@@ -1,7 +1,6 @@
 #include "parallel/trainer.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -69,8 +68,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
   // it, also when B is not a multiple of the device count. (Averaging the replicas' gradients
   // instead would weight the rows of a smaller shard more.)
   std::vector<Tensor> losses = parallel_apply(workers_, [&](size_t r) {
-    std::optional<Trace::Span> span;
-    if (trace_) span = trace_->span(devices_[r], "forward+backward");
+    auto span = Trace::scoped(trace_, devices_[r], "forward+backward");
     grads_[r].zero_();
     grads_[r].attach();
     if (r >= active) return Tensor();  // no rows: a zero gradient for the allreduce
@@ -85,9 +83,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
   // 4. One allreduce for the whole model, on the devices' current streams.
   {
     std::vector<Trace::Span> spans;
-    if (trace_) {
-      for (Device d : devices_) spans.push_back(trace_->span(d, "allreduce " + comm_->name(), "comm"));
-    }
+    for (Device d : devices_) spans.push_back(Trace::scoped(trace_, d, "allreduce " + comm_->name(), "comm"));
     std::vector<Tensor> flats;
     for (const FlatBuffer& g : grads_) flats.push_back(g.flat());
     comm_->allreduce_sum(flats);
@@ -95,8 +91,7 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
 
   // 5. The same update on every replica.
   workers_.run([&](size_t r) {
-    std::optional<Trace::Span> span;
-    if (trace_) span = trace_->span(devices_[r], "optimizer");
+    auto span = Trace::scoped(trace_, devices_[r], "optimizer");
     optimizers_[r]->step();
   });
 

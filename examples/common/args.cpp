@@ -16,6 +16,11 @@ void Args::flag(const std::string& name, const std::string& help) {
   specs_[name] = Spec{"", help, true};
 }
 
+void Args::optional_value(const std::string& name, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = Spec{"", help, false, true};
+}
+
 const Args::Spec& Args::spec(const std::string& name) const {
   auto it = specs_.find(name);
   if (it == specs_.end()) throw ArgsError("internal: undeclared flag --" + name);
@@ -41,6 +46,11 @@ bool Args::parse(int argc, char** argv) {
       given_[name] = "1";
       continue;
     }
+    if (!has_value && it->second.value_optional) {
+      const bool next_is_value = i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0;
+      given_[name] = next_is_value ? argv[++i] : "";
+      continue;
+    }
     if (!has_value) {
       if (i + 1 >= argc) throw ArgsError("flag --" + name + " needs a value");
       value = argv[++i];
@@ -55,7 +65,7 @@ std::string Args::help() const {
   os << "usage: " << program_ << " [flags]\n" << summary_ << "\n\nflags:\n";
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    std::string left = "  --" + name + (s.is_flag ? "" : " V");
+    std::string left = "  --" + name + (s.is_flag ? "" : s.value_optional ? " [V]" : " V");
     os << left << std::string(left.size() < 24 ? 24 - left.size() : 1, ' ') << s.help;
     if (!s.is_flag && !s.default_value.empty()) os << " (default: " << s.default_value << ")";
     os << "\n";

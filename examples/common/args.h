@@ -22,6 +22,10 @@ class Args {
   // Declarations (before parse). A flag without a value is a switch (bool).
   void option(const std::string& name, const std::string& default_value, const std::string& help);
   void flag(const std::string& name, const std::string& help);
+  // A flag whose value may be left out: "--name V" or "--name=V", or "--name" alone (followed
+  // by nothing or by another flag), which gives it the value "" -- given() tells the two
+  // apart from not giving the flag.
+  void optional_value(const std::string& name, const std::string& help);
 
   // Parses argv; returns false when --help was given (help() has the text).
   bool parse(int argc, char** argv);
@@ -39,6 +43,7 @@ class Args {
   struct Spec {
     std::string default_value, help;
     bool is_flag = false;
+    bool value_optional = false;
   };
   const Spec& spec(const std::string& name) const;
   std::string program_, summary_;

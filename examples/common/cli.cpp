@@ -1,8 +1,15 @@
 #include "common/cli.h"
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
 
+#include "common/checkpoint.h"
+
+#include "autograd/anomaly.h"
 #include "core/error.h"
 #include "data/fashion_mnist.h"
 #include "parallel/dist/env.h"
@@ -82,10 +89,20 @@ void add_common_flags(Args& args) {
   args.option("csv", "", "write one row per epoch to this CSV file");
   args.option("trace", "", "write a Chrome-trace timeline (Perfetto) of the first steps (several devices, or every rank of a multi-process run, merged)");
   args.flag("no-progress", "never draw the progress bar");
+  args.option("checkpoint", "", "write training checkpoints into this folder (at the end, every --checkpoint-every "
+                                "steps, and when SIGINT/SIGTERM stop the run)");
+  args.option("checkpoint-every", "0", "steps between checkpoints (0: only at the end and on a signal)");
+  args.option("keep", "", "keep only the K newest checkpoints (default: all)");
+  args.optional_value("resume", "continue from FILE, or alone from the newest whole checkpoint in --checkpoint "
+                                "(a fresh start, said so, when there is none)");
+  args.flag("detect-anomaly", "stop at the first op whose output or gradient holds a NaN or Inf, naming it "
+                              "(slow: checks every op; one device per process)");
   args.flag("distributed", "one process per device, DDP (implied under tandem-run, torchrun, mpirun or srun)");
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
   args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
+  args.flag("no-cuda-graph", "one GPU: launch every kernel of a step from the host instead of replaying a "
+            "captured CUDA graph");
 }
 
 void configure_common(const Args& args, TrainConfig& cfg) {
@@ -103,6 +120,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
     if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
   }
   cfg.data_dir = args.str("data");
+  cfg.cuda_graph = !args.on("no-cuda-graph");
   cfg.epochs = args.integer("epochs", 1, 100000);
   cfg.batch_size = args.integer("batch-size", 1, 1 << 20);
   cfg.optimizer = args.choice("optimizer", {"sgd", "adam"});
@@ -118,6 +136,27 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   if (!cfg.trace.empty() && !cfg.distributed && cfg.devices.size() < 2)
     throw ArgsError("--trace needs several --devices (or one process per device)");
   cfg.progress = !args.on("no-progress");
+
+  cfg.checkpoint_dir = args.str("checkpoint");
+  cfg.checkpoint_every = args.integer("checkpoint-every", 0);
+  if (args.given("keep")) cfg.keep = args.integer("keep", 1);
+  cfg.resume = args.given("resume");
+  cfg.resume_file = args.str("resume");
+  if (cfg.checkpoint_dir.empty()) {
+    for (const char* name : {"checkpoint-every", "keep"})
+      if (args.given(name)) throw ArgsError(std::string("--") + name + " needs --checkpoint DIR");
+    if (cfg.resume && cfg.resume_file.empty())
+      throw ArgsError("--resume without a file needs --checkpoint DIR (the folder to continue from)");
+  }
+  if (!cfg.resume_file.empty() && !std::filesystem::is_regular_file(cfg.resume_file))
+    throw ArgsError("--resume " + cfg.resume_file + ": no such file");
+  if (!cfg.checkpoint_dir.empty()) {
+    try {
+      check_checkpoint_dir(cfg.checkpoint_dir);  // before any training: a folder that takes files
+    } catch (const std::runtime_error& e) {
+      throw ArgsError(e.what());
+    }
+  }
 }
 
 parallel::dist::DistributedContext start_process_group(TrainConfig& cfg) {
@@ -143,9 +182,19 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     configure_common(args, cfg);
     std::string description;
     spec.configure(args, cfg, description);
+    cfg.model_name = description;
     if (args.given("lr")) cfg.lr = args.real("lr", 0.0, 1e6);
     else if (cfg.optimizer == "adam") cfg.lr = 1e-3;
     for (Device d : cfg.devices) check_device_exists(d);
+    // Anomaly mode is per thread (autograd/anomaly.h): it covers this thread's forward and backward,
+    // which is the whole step with one device per process.
+    if (args.on("detect-anomaly") && cfg.devices.size() > 1)
+      throw ArgsError("--detect-anomaly checks one thread's ops: give one --device (or one process per device)");
+    std::optional<autograd::DetectAnomalyGuard> anomaly;
+    if (args.on("detect-anomaly")) {
+      anomaly.emplace();
+      cfg.cuda_graph = false;  // the checks read values on the host, which a graph capture forbids
+    }
 
     parallel::dist::DistributedContext ctx = start_process_group(cfg);
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
@@ -156,11 +205,21 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
                   cfg.lr_schedule == "cosine" ? " (cosine)" : "");
       std::fflush(stdout);
     }
-    run_training(cfg, [speak](const EpochStats& s) {
+    const TrainResult result = run_training(cfg, [speak](const EpochStats& s) {
       if (!speak) return;
       std::printf("%s\n", format_epoch(s).c_str());
       std::fflush(stdout);
     });
+    if (result.stop_signal != 0) {
+      // 128 + the signal, as a shell reports a process the signal ended.
+      if (speak)
+        std::fprintf(stderr, "%s: stopped by %s at epoch %lld, step %lld (run step %lld); checkpoint %s; "
+                     "continue with the same flags and --resume\n", spec.name.c_str(),
+                     result.stop_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(result.epoch),
+                     static_cast<long long>(result.epoch_step), static_cast<long long>(result.step),
+                     result.checkpoint.c_str());
+      return 128 + result.stop_signal;
+    }
     if (!cfg.trace.empty() && speak) std::printf("timeline written to %s (open it in ui.perfetto.dev)\n", cfg.trace.c_str());
     return 0;
   } catch (const ArgsError& e) {

@@ -23,8 +23,10 @@ struct ProgramSpec {
 int train_main(int argc, char** argv, const ProgramSpec& spec);
 
 // The flags every training program shares (data, devices, parallel path, optimizer, limits,
-// CSV, trace, and the multi-process ones: --distributed, --backend, --bucket-cap-mb,
-// --no-overlap) and their validation into a TrainConfig; ArgsError for a bad value. Under a
+// CSV, trace, checkpoints: --checkpoint, --checkpoint-every, --keep, --resume [FILE], and the
+// multi-process ones: --distributed, --backend, --bucket-cap-mb, --no-overlap) and their
+// validation into a TrainConfig; ArgsError for a bad value (a --checkpoint folder that cannot
+// take files is one, before any training). Under a
 // launcher (parallel/dist/env.h: launched_by_launcher) or with --distributed the run is one
 // process per device: --devices, --parallel, --comm and --trace are then bad flags, --device
 // takes cpu or cuda (cuda: this process's cuda:LOCAL_RANK), and train_main builds the process

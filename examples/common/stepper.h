@@ -1,8 +1,8 @@
 #pragma once
-// One training step, four ways: on one device (stepper.cpp), the from-scratch data-parallel
-// path or DataParallel over the devices of this process (parallel_stepper.cpp), or one process
-// of a multi-process job through DistributedDataParallel (ddp_stepper.cpp). The driver in
-// train.cpp does not care which.
+// One training step, four ways (all in steppers.cpp): on one device, the from-scratch
+// data-parallel path (parallel::ScratchTrainer) or DataParallel over the devices of this
+// process, or one process of a multi-process job through DistributedDataParallel. The driver
+// in train.cpp does not care which.
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,11 +31,19 @@ class Stepper {
   // a global batch of global_rows rows (x may then have 0 rows, in the last batch). Adds the
   // summed loss of x's rows into loss_sum ([] float32) and their number of right answers into
   // correct ([1] int64), both on the first device, without synchronizing the host. A stepper
-  // may instead keep the counts on its own devices and add them in end_epoch().
+  // may instead keep the counts on its own devices and add them in collect_metrics().
   virtual void step(const Tensor& x, const Tensor& y, int64_t global_rows, const Tensor& loss_sum,
                     const Tensor& correct) = 0;
-  // Called once after the last step of an epoch, before the driver reads `correct`.
-  virtual void end_epoch(const Tensor& correct) {}
+  // Adds the right answers counted elsewhere since the last call into `correct`; the driver
+  // calls it before it reads `correct` (at the end of an epoch, before a checkpoint).
+  virtual void collect_metrics(const Tensor& correct) {}
+
+  // The training state a checkpoint holds: the model (replica 0, on the first device) and its
+  // optimizer. After loading values into them, the driver calls after_load(), which brings the
+  // other replicas of this process in line (their parameters, buffers and optimizer state).
+  virtual nn::Module& model() = 0;
+  virtual nn::optim::Optimizer& optimizer() = 0;
+  virtual void after_load() {}
 
   // Sums t (contiguous, on the first device) over the processes of the job, in place; a no-op
   // for a process that trains alone. Every rank calls it at the same points.
@@ -52,12 +60,9 @@ class Stepper {
   virtual void write_trace(const std::string& path) {}
 };
 
-// The stepper for cfg: DDP when cfg.group is set, else one device or several.
+// The stepper for cfg: DDP when cfg.group is set (on cfg.devices.front(), which must be the
+// group's device), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
-// cfg.parallel over cfg.devices (two or more): "scratch" or "dp".
-std::unique_ptr<Stepper> make_parallel_stepper(const TrainConfig& cfg);
-// One rank of the job of cfg.group, on cfg.devices.front().
-std::unique_ptr<Stepper> make_ddp_stepper(const TrainConfig& cfg);
 
 // cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay.
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,

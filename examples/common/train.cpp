@@ -1,15 +1,19 @@
 #include "common/train.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 
 #include "autograd/grad_mode.h"
+#include "nn/serialize_checkpoint.h"
 #include "autograd/ops.h"
+#include "common/checkpoint.h"
 #include "common/stepper.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
 #include "kernels/ops.h"
+#include "nn/optim/lr_scheduler.h"
 #include "parallel/dist/process_group.h"
 
 namespace tandem::examples {
@@ -52,11 +56,73 @@ Tensor epoch_counts(const Tensor& loss_sum, const Tensor& correct, int64_t seen)
 
 double epoch_lr(const TrainConfig& cfg, int64_t epoch) {
   if (cfg.lr_schedule != "cosine") return cfg.lr;
-  const double pi = std::acos(-1.0);
-  return cfg.lr * 0.5 * (1.0 + std::cos(pi * static_cast<double>(epoch - 1) / static_cast<double>(cfg.epochs)));
+  // torch.optim.lr_scheduler.CosineAnnealingLR(T_max = epochs) stepped once per epoch: epoch 1
+  // is its epoch 0. Without an optimizer: the stepper sets the lr of its optimizers itself.
+  return nn::optim::CosineAnnealingLR(cfg.lr, cfg.epochs).lr_at(epoch - 1);
 }
 
-void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch) {
+namespace {
+
+// Note [when the ranks look at the loss and the signals]: reading the loss after every step
+// would make the host wait for the devices every step (DESIGN.md, invariant 3). Instead each
+// step copies the epoch's running loss sum into a small window on the device, and the driver
+// reads the window only at a check: every --checkpoint-every steps of the run (100 without
+// it), at the end of an epoch, and -- in a single process -- after the step in which a signal
+// arrived. A sum stays NaN or Inf once a term is, so the first bad entry is the step whose
+// loss went bad. In a job the window is summed over the ranks, with one more entry that
+// counts the ranks that got a signal: every rank sees the same verdict at the same step and
+// they stop together, a signal waiting for the next check.
+constexpr int64_t kDefaultCheckEvery = 100;
+
+class LossWindow {
+ public:
+  LossWindow(int64_t steps, Device d) : window_(zeros({steps + 1}, kFloat64, d)), steps_(steps) {}
+
+  void record(const Tensor& loss_sum) {
+    TANDEM_CHECK(n_ < steps_, Value, "LossWindow: more steps than ", steps_, " between two checks");
+    window_.slice(0, n_, n_ + 1).copy_(loss_sum.reshape({1}));
+    ++n_;
+  }
+  int64_t size() const { return n_; }
+
+  // One read (and in a job one sum over the ranks) of the steps since the last check: the
+  // index of the first step with a non-finite loss sum (-1: none) and that sum, and whether
+  // any rank asked to stop. Starts a new window.
+  struct Verdict {
+    int64_t bad;
+    double value;
+    bool stop;
+  };
+  Verdict check(Stepper& stepper, bool stop_here) {
+    window_.slice(0, steps_, steps_ + 1).fill_(stop_here ? 1.0 : 0.0);
+    stepper.sum_across_processes(window_);
+    const std::vector<double> w = window_.to_vector<double>();
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n_ && bad < 0; ++i)
+      if (!std::isfinite(w[static_cast<size_t>(i)])) bad = i;
+    n_ = 0;
+    return {bad, bad >= 0 ? w[static_cast<size_t>(bad)] : 0.0, w.back() > 0};
+  }
+
+ private:
+  Tensor window_;  // [steps + 1] float64: loss sums, then the stop votes
+  int64_t steps_, n_ = 0;
+};
+
+// A loss is finite until the step after the update that broke the weights: a checkpoint checks
+// them too, so none holds what only the next step would report. Every rank checks (the weights
+// are the same everywhere), so all of them stop together.
+void check_weights(Stepper& stepper, int64_t epoch, int64_t batch, int64_t step, const std::string& last_good) {
+  const std::string bad = first_non_finite(stepper.model());
+  TANDEM_CHECK(bad.empty(), Value, "the weights are not finite at epoch ", epoch,
+               batch >= 0 ? ", step " + std::to_string(batch) : std::string(" (its end)"), " (run step ", step,
+               "; tensor '", bad, "'); stopping. ",
+               last_good.empty() ? std::string("No checkpoint was written") : "The last good checkpoint: " + last_good);
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch) {
   TANDEM_CHECK(!cfg.devices.empty(), Value, "no devices given");
   TANDEM_CHECK(!cfg.group || cfg.devices.size() == 1, Value, "one device per process in a multi-process run, got ",
                cfg.devices.size());
@@ -64,6 +130,8 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
   Device home = cfg.devices.front();  // data lives here; batches are split from here
   const bool reporting = reports(cfg);
   CsvLog csv(reporting ? cfg.csv : "");  // fails before any work when the file cannot be written
+  const bool checkpointing = !cfg.checkpoint_dir.empty();
+  if (checkpointing) check_checkpoint_dir(cfg.checkpoint_dir);
 
   data::FashionMnist train = data::load_fashion_mnist(cfg.data_dir, true, cfg.train_limit);
   data::FashionMnist test = data::load_fashion_mnist(cfg.data_dir, false, cfg.test_limit);
@@ -83,22 +151,100 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
                                 .drop_last = false, .seed = 0, .device = home,
                                 .sampler = stepper->sampler(n_test, false)});
 
-  for (int64_t epoch = 1; epoch <= cfg.epochs; ++epoch) {
+  // Where the run starts: afresh, or where a checkpoint left it (docs/08-checkpoints.md).
+  TrainResult result;
+  int64_t start_epoch = 0, first_batch = 0, step = 0;  // start_epoch 0-based
+  std::vector<double> resumed_counts;                  // loss_sum, correct, seen of a cut epoch
+  if (cfg.resume) {
+    nn::TrainingCheckpoint ck;
+    std::string path;
+    if (read_resume_checkpoint(cfg, ck, path)) {
+      check_same_run(ck, cfg, path);
+      nn::load_training_state(ck, stepper->model(), stepper->optimizer(), path);
+      stepper->after_load();
+      nn::restore_rng_states(ck);
+      TANDEM_CHECK(ck.epoch_step <= train_loader.num_batches(), Value, path, ": epoch_step ", ck.epoch_step,
+                   " is past the ", train_loader.num_batches(), " batches of an epoch");
+      start_epoch = ck.epoch;
+      first_batch = ck.epoch_step;
+      step = ck.step;
+      if (const Tensor* c = ck.extra.find("epoch_counts"); c != nullptr && first_batch > 0)
+        resumed_counts = c->to(kCPU).to(kFloat64).to_vector<double>();
+      result.checkpoint = path;
+      if (reporting)
+        std::printf("resuming from %s: epoch %lld, step %lld of %lld (run step %lld)\n", path.c_str(),
+                    static_cast<long long>(start_epoch + 1), static_cast<long long>(first_batch),
+                    static_cast<long long>(train_loader.num_batches()), static_cast<long long>(step));
+    } else if (reporting) {
+      std::printf("no checkpoint in %s: starting afresh\n", cfg.checkpoint_dir.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (checkpointing) install_stop_handlers();
+  const int64_t check_every = cfg.checkpoint_every > 0 ? cfg.checkpoint_every : kDefaultCheckEvery;
+  LossWindow window(check_every, home);
+
+  for (int64_t epoch = start_epoch + 1; epoch <= cfg.epochs; ++epoch) {
+    const int64_t first = epoch == start_epoch + 1 ? first_batch : 0;
     if (train_sampler) train_sampler->set_epoch(epoch - 1);  // the same order as one process's epoch
+    train_loader.set_epoch(epoch - 1, first);                // a resumed epoch continues at `first`
     Tensor loss_sum = zeros({}, kFloat32, home);
     Tensor correct = zeros({1}, kInt64, home);
+    int64_t seen = 0;
+    if (first > 0 && resumed_counts.size() == 3 && reporting) {
+      // The cut epoch's sums so far (over the job: rank 0 holds them, the others add 0).
+      loss_sum.fill_(resumed_counts[0]);
+      correct.fill_(resumed_counts[1]);
+      seen = static_cast<int64_t>(resumed_counts[2]);
+    }
+    // What a checkpoint of this epoch holds besides the model: the sums so far, over the job.
+    auto save = [&](int64_t epoch0, int64_t batch) {
+      check_weights(*stepper, epoch, batch, step, result.checkpoint);
+      stepper->collect_metrics(correct);
+      Tensor counts = epoch_counts(loss_sum, correct, seen);
+      stepper->sum_across_processes(counts);
+      nn::StateDict extra;
+      extra.insert("epoch_counts", counts);
+      result.checkpoint = write_checkpoint(cfg, *stepper, epoch0, batch, step, extra);
+    };
+    // Note [when the ranks look at the loss and the signals].
+    auto check = [&](int64_t batch, bool stop_here) {
+      const int64_t n = window.size();
+      const auto [bad, value, stop] = window.check(*stepper, stop_here);
+      TANDEM_CHECK(bad < 0, Value, "the loss is not finite at epoch ", epoch, ", step ", batch - n + 1 + bad,
+                   " (run step ", step - n + 1 + bad, "; the epoch's loss sum is ", value, "); stopping. ",
+                   result.checkpoint.empty() ? std::string("No checkpoint was written")
+                                             : "The last good checkpoint: " + result.checkpoint);
+      return stop;
+    };
     stepper->set_lr(epoch_lr(cfg, epoch));
     Progress progress(train_loader.num_batches(), "epoch " + std::to_string(epoch));
     synchronize_all();
     auto t0 = std::chrono::steady_clock::now();
-    int64_t seen = 0, step = 0;
+    int64_t batch = first;
     for (const data::Batch& b : train_loader) {
-      stepper->step(b.x, b.y, train_loader.global_batch_rows(step), loss_sum, correct);
+      stepper->step(b.x, b.y, train_loader.global_batch_rows(batch), loss_sum, correct);
       seen += b.x.size(0);
+      ++batch;
       ++step;
-      if (cfg.progress && reporting) progress.update(step);
+      window.record(loss_sum);
+      if (cfg.progress && reporting) progress.update(batch);
+      const bool signalled = checkpointing && stop_signal() != 0;
+      if (step % check_every != 0 && !(signalled && !cfg.group)) continue;
+      const bool stop = check(batch, signalled);
+      if (checkpointing && (stop || (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0)))
+        save(epoch - 1, batch);
+      if (stop) {
+        progress.finish();
+        result.stop_signal = stop_signal() != 0 ? stop_signal() : SIGTERM;  // another rank's
+        result.epoch = epoch;
+        result.epoch_step = batch;
+        result.step = step;
+        return result;
+      }
     }
-    stepper->end_epoch(correct);
+    if (window.size() > 0) check(batch, false);  // the epoch's last steps
+    stepper->collect_metrics(correct);
     // The one host synchronization of the epoch: read the accumulated loss and accuracy, summed
     // over the processes of a job.
     Tensor counts = epoch_counts(loss_sum, correct, seen);
@@ -117,6 +263,14 @@ void run_training(const TrainConfig& cfg, const std::function<void(const EpochSt
     csv.add(s);
     on_epoch(s);
   }
+  // The end of the run writes a last checkpoint: all epochs done, nothing of an epoch pending.
+  if (checkpointing) {
+    check_weights(*stepper, cfg.epochs, -1, step, result.checkpoint);
+    result.checkpoint = write_checkpoint(cfg, *stepper, cfg.epochs, 0, step, {});
+  }
+  result.epoch = cfg.epochs;
+  result.step = step;
+  return result;
 }
 
 }  // namespace tandem::examples

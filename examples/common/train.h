@@ -41,6 +41,15 @@ struct TrainConfig {
   bool drop_last = false;
   bool progress = true;
   std::string csv, trace;
+  std::string model_name;               // what checkpoints record as config.model
+
+  // Checkpoints (common/checkpoint.h): into checkpoint_dir every checkpoint_every steps (0:
+  // only at the end and when a signal stops the run), the newest `keep` kept (0: all);
+  // resume continues from resume_file, or (empty) from the newest in checkpoint_dir.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0, keep = 0;
+  bool resume = false;
+  std::string resume_file;
 
   // One process per device: distributed asks for it (the program then builds `group` from the
   // launcher's environment with `backend`: auto | nccl | gloo); group set means this process
@@ -50,15 +59,28 @@ struct TrainConfig {
   std::shared_ptr<parallel::dist::ProcessGroup> group;
   double bucket_cap_mb = 25.0;          // DDP's bucket size
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
+  bool cuda_graph = true;               // one device: capture the step in a CUDA graph (core/cuda_graph.h)
 };
 
 // Whether this process reports (prints, draws the progress bar, writes the CSV): the one
 // process of a single-process run, or rank 0 of a job.
 bool reports(const TrainConfig& cfg);
 
-// Runs the whole training; calls on_epoch after each epoch -- on every rank of a job, with the
-// job's numbers -- and writes the CSV where reports(cfg). Throws tandem::Error on failure.
-void run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch);
+// How a run ended without an error: all epochs done, or stopped by a signal after writing a
+// checkpoint.
+struct TrainResult {
+  int stop_signal = 0;        // SIGINT or SIGTERM when a signal stopped the run, else 0
+  int64_t epoch = 0, epoch_step = 0, step = 0;  // where it stopped (epoch 1-based)
+  std::string checkpoint;     // the last checkpoint written ("" when none)
+};
+
+// Runs the whole training (from a checkpoint with cfg.resume); calls on_epoch after each epoch
+// -- on every rank of a job, with the job's numbers -- and writes the CSV where reports(cfg).
+// With cfg.checkpoint_dir, SIGINT/SIGTERM stop it after the current step (in a job: at the next
+// check, Note [when the ranks look at the loss and the signals] in train.cpp) with a
+// checkpoint. Throws tandem::Error on failure, including a loss that is not finite (naming the
+// epoch and step; the checkpoints written before it are kept).
+TrainResult run_training(const TrainConfig& cfg, const std::function<void(const EpochStats&)>& on_epoch);
 
 // The learning rate of epoch `epoch` (1-based) of cfg.epochs: cfg.lr, or with "cosine"
 // lr * (1 + cos(pi * (epoch - 1) / epochs)) / 2 (lr in the first epoch, lr/2 halfway).

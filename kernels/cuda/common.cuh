@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 #include "core/tensor.h"
 
 namespace tandem::gpu {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 #include "core/device.h"
 
 namespace tandem {
@@ -16,7 +17,7 @@ namespace tandem {
 // - GPU -> GPU (same or another device): the destination's current stream (a peer copy for
 //   two devices; it goes through NVLink when peer access is enabled, through the host
 //   otherwise). Ordering against the source device's stream is the caller's business:
-//   Tensor::copy_ does it with events (Note [cross-device ordering] in kernels/tensor_data.cpp).
+//   Tensor::copy_ does it with events (Note [cross-device ordering] in kernels/tensor_methods.cpp).
 void CudaBackend::memcpy(void* dst, Device dst_device, const void* src, Device src_device,
                          size_t nbytes) {
   if (nbytes == 0 || (dst == src && dst_device == src_device)) return;

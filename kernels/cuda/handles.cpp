@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 
 namespace tandem::gpu {
 namespace {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "dist/dist_test_model.h"
 #include "core/generator.h"
 #include "nn/nn.h"
 #include "parallel/dist/ddp.h"
@@ -134,30 +135,11 @@ void run_ring(ProcessGroup& pg) {
 // ---- models and data -----------------------------------------------------------------------
 
 std::shared_ptr<nn::Module> make_net(uint64_t seed, bool bn, int64_t classes = 5) {
-  Generator gen(seed);
-  auto seq = std::make_shared<nn::Sequential>();
-  auto add = [&](std::shared_ptr<nn::Module> m) { seq->push_back(std::move(m)); };
-  add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen));
-  if (bn) add(std::make_shared<nn::BatchNorm2d>(4));
-  add(std::make_shared<nn::ReLU>());
-  add(std::make_shared<nn::Flatten>());
-  add(std::make_shared<nn::Linear>(4 * 6 * 6, 16, true, gen));
-  add(std::make_shared<nn::ReLU>());
-  add(std::make_shared<nn::Linear>(16, classes, true, gen));
-  return seq;
+  return test::dist_test_net(seed, bn, classes);
 }
 
-// The same global batches on every rank: [B, 1, 6, 6] and labels in [0, 5).
 std::vector<std::pair<Tensor, Tensor>> make_batches(int steps, int64_t batch) {
-  Generator gen(1234);
-  std::vector<std::pair<Tensor, Tensor>> out;
-  for (int s = 0; s < steps; ++s) {
-    Tensor x = randn({batch, 1, 6, 6}, kFloat32, kCPU, &gen);
-    std::vector<int64_t> y(static_cast<size_t>(batch));
-    for (auto& l : y) l = static_cast<int64_t>(gen.next_u64() % 5);
-    out.emplace_back(x.to(g_device), from_vector<int64_t>(y, {batch}, g_device));
-  }
-  return out;
+  return test::dist_test_batches(steps, batch, g_device);
 }
 
 // Rank r's rows of a global batch of B: contiguous, sizes differing by at most one.

@@ -1,0 +1,326 @@
+// The four steppers of stepper.h, in the order make_stepper (at the end) picks them: one
+// device, the from-scratch data-parallel path (ScratchTrainer), DataParallel, and one rank of
+// a multi-process job (DistributedDataParallel).
+#include "common/stepper.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/cuda_graph.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"
+#include "parallel/data_parallel.h"
+#include "parallel/dist/ddp.h"
+#include "parallel/flat_buffer.h"
+#include "parallel/dist/process_group.h"
+#include "parallel/replicate.h"
+#include "parallel/trace.h"
+#include "parallel/trainer.h"
+
+namespace tandem::examples {
+
+std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
+  if (cfg.optimizer == "adam")
+    return std::make_unique<nn::optim::Adam>(
+        std::move(params), nn::optim::AdamOptions(cfg.lr).weight_decay(cfg.weight_decay));
+  return std::make_unique<nn::optim::SGD>(
+      std::move(params),
+      nn::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).weight_decay(cfg.weight_decay));
+}
+
+namespace {
+
+namespace dist = parallel::dist;
+
+// Traces only the first few steps of the run: enough for a timeline picture, and recording
+// every step of an epoch would keep thousands of events alive.
+constexpr int64_t kTracedSteps = 5;
+
+// ---- one device ------------------------------------------------------------------------------
+// Note [the one-device step]: the parameters live in one buffer (parallel::coalesce) and the
+// gradients are views of another (parallel::FlatBuffer), so zeroing the gradients is one fill
+// and the optimizer updates the whole model with one kernel (Note [flat optimizer step]). On a
+// GPU the step is then captured into a CUDA graph after two eager steps and replayed
+// (core/cuda_graph.h): one launch for the ~60 kernels of a LeNet step instead of ~60. The step
+// is graph-safe (Note [graph-safe steps]): it writes its loss and its right answers into
+// buffers of its own, which step() adds to the epoch's counts; a new learning rate captures
+// again; Adam keeps its step count on the host, so Adam steps run eagerly.
+class SingleDeviceStepper final : public Stepper {
+ public:
+  explicit SingleDeviceStepper(const TrainConfig& cfg)
+      : model_(cfg.make_model()),
+        graph_([this](const std::vector<Tensor>& in) { train_step(in[0], in[1]); },
+               {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph && cfg.optimizer != "adam"}) {
+    const Device d = cfg.devices.front();
+    model_->to(d);
+    model_->train();
+    parallel::try_coalesce(model_->parameters());
+    grads_ = parallel::FlatBuffer(model_->parameters());
+    grads_.attach();
+    opt_ = make_optimizer(cfg, model_->parameters());
+    step_loss_ = zeros({}, kFloat32, d);
+    step_correct_ = zeros({1}, kInt64, d);
+  }
+
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
+    graph_({x, y});
+    kernels::axpby_(1.0, step_loss_, 1.0, loss_sum);
+    kernels::axpby_(1.0, step_correct_, 1.0, correct);
+  }
+
+  void set_lr(double lr) override {
+    if (lr == opt_->lr()) return;
+    opt_->set_lr(lr);
+    graph_.invalidate();  // the learning rate is a kernel argument of the captured update
+  }
+  nn::Module& eval_model() override { return *model_; }
+  nn::Module& model() override { return *model_; }
+  nn::optim::Optimizer& optimizer() override { return *opt_; }
+  // A loaded checkpoint may have given the optimizer new state tensors: the graph would still
+  // update the old ones, so the next step captures again.
+  void after_load() override { graph_.invalidate(); }
+
+ private:
+  // One step on (x, y), graph-safe: see Note [the one-device step].
+  void train_step(const Tensor& x, const Tensor& y) {
+    grads_.zero_();
+    Tensor logits = (*model_)(x);
+    Tensor loss = cross_entropy(logits, y);
+    loss.backward();
+    opt_->step();
+    kernels::axpby_(static_cast<double>(x.size(0)), loss.detach(), 0.0, step_loss_);
+    step_correct_.zero_();
+    kernels::count_correct(logits.detach(), y, step_correct_);
+  }
+
+  std::shared_ptr<nn::Module> model_;
+  parallel::FlatBuffer grads_;
+  std::unique_ptr<nn::optim::Optimizer> opt_;
+  Tensor step_loss_, step_correct_;  // [] and [1]: the last step's summed loss and right answers
+  StepGraph graph_;
+};
+
+// ---- several devices of this process ---------------------------------------------------------
+class ScratchStepper final : public Stepper {
+ public:
+  explicit ScratchStepper(const TrainConfig& cfg)
+      : trainer_(cfg.make_model(), cfg.devices, cfg.comm,
+                 [cfg](std::vector<Tensor> ps) { return make_optimizer(cfg, std::move(ps)); }) {
+    trainer_.module().train();
+    if (!cfg.trace.empty()) {
+      trace_ = std::make_unique<parallel::Trace>(cfg.devices);
+      trainer_.set_trace(trace_.get());
+    }
+  }
+
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
+    if (trace_ && steps_ == kTracedSteps) trainer_.set_trace(nullptr);
+    ++steps_;
+    Tensor loss = trainer_.train_batch(x, y);
+    kernels::axpby_(static_cast<double>(x.size(0)), loss, 1.0, loss_sum);
+  }
+
+  // Each replica counts its right answers on its own device during the epoch; they are
+  // gathered once here rather than with cross-device copies every step.
+  void collect_metrics(const Tensor& correct) override {
+    kernels::axpby_(1.0, trainer_.correct(), 1.0, correct);
+    trainer_.reset_metrics();
+  }
+
+  void set_lr(double lr) override {
+    for (size_t r = 0; r < trainer_.devices().size(); ++r) trainer_.optimizer(r).set_lr(lr);
+  }
+  nn::Module& eval_model() override { return trainer_.module(); }
+  nn::Module& model() override { return trainer_.module(); }
+  nn::optim::Optimizer& optimizer() override { return trainer_.optimizer(0); }
+  // Replica 0 holds what was loaded: its parameters and buffers go to the other replicas, its
+  // optimizer state (copied onto each replica's device) to their optimizers. BatchNorm's
+  // running statistics are then replica 0's on every replica (a checkpoint keeps only them).
+  void after_load() override {
+    parallel::broadcast_parameters(trainer_.replicas());
+    const nn::StateDict state = trainer_.optimizer(0).state_dict();
+    for (size_t r = 1; r < trainer_.devices().size(); ++r) trainer_.optimizer(r).load_state_dict(state);
+  }
+
+  void write_trace(const std::string& path) override {
+    if (trace_) trace_->write(path);
+  }
+
+ private:
+  parallel::ScratchTrainer trainer_;
+  std::unique_ptr<parallel::Trace> trace_;
+  int64_t steps_ = 0;
+};
+
+class DataParallelStepper final : public Stepper {
+ public:
+  explicit DataParallelStepper(const TrainConfig& cfg) : dp_(cfg.make_model(), cfg.devices) {
+    dp_.train();
+    opt_ = make_optimizer(cfg, dp_.parameters());
+  }
+
+  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
+    opt_->zero_grad();
+    Tensor logits = dp_(x);
+    Tensor loss = cross_entropy(logits, y);
+    loss.backward();
+    opt_->step();
+    kernels::axpby_(static_cast<double>(x.size(0)), loss.detach(), 1.0, loss_sum);
+    kernels::count_correct(logits.detach(), y, correct);
+  }
+
+  void set_lr(double lr) override { opt_->set_lr(lr); }
+  nn::Module& eval_model() override { return dp_.module(); }
+  nn::Module& model() override { return dp_.module(); }  // replicas are copied from it every forward
+  nn::optim::Optimizer& optimizer() override { return *opt_; }
+
+ private:
+  parallel::DataParallel dp_;
+  std::unique_ptr<nn::optim::Optimizer> opt_;
+};
+
+// ---- one rank of a multi-process job ---------------------------------------------------------
+dist::DistributedDataParallelOptions ddp_options(const TrainConfig& cfg) {
+  dist::DistributedDataParallelOptions o;
+  o.bucket_cap_mb = cfg.bucket_cap_mb;
+  o.first_bucket_cap_mb = std::min(1.0, cfg.bucket_cap_mb);
+  o.overlap = cfg.overlap;
+  return o;
+}
+
+// DDP moves the model to the group's device (the training device), broadcasts rank 0's
+// weights and reduces the gradients while backward runs (parallel/dist/ddp.h).
+class DdpStepper final : public Stepper {
+ public:
+  explicit DdpStepper(const TrainConfig& cfg)
+      : group_(cfg.group), seed_(cfg.seed), ddp_(cfg.make_model(), cfg.group, ddp_options(cfg)) {
+    ddp_.train();
+    opt_ = make_optimizer(cfg, ddp_.parameters());
+    if (!cfg.trace.empty()) {
+      const Device d = group_->device();
+      trace_ = std::make_unique<parallel::Trace>(d, group_->rank(),
+                                                 "rank " + std::to_string(group_->rank()) + " " + d.str());
+      group_->set_trace(trace_.get());
+    }
+  }
+
+  std::shared_ptr<data::DistributedSampler> sampler(int64_t n, bool train) override {
+    if (train)
+      return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), true,
+                                                        seed_);
+    return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), false, 0,
+                                                      false,
+                                                      /*pad=*/false);
+  }
+
+  void step(const Tensor& x, const Tensor& y, int64_t global_rows, const Tensor& loss_sum,
+            const Tensor& correct) override {
+    const int64_t rows = x.size(0);
+    if (rows == 0) return empty_step();
+    last_x_ = x;
+    last_y_ = y;
+    if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
+    const bool tracing = trace_ && traced_steps_ <= kTracedSteps;
+    const Device d = group_->device();
+    opt_->zero_grad();
+    std::optional<parallel::Trace::Span> span;
+    if (tracing) span = trace_->span(d, "forward");
+    Tensor logits = ddp_(x);
+    Tensor loss = cross_entropy(logits, y);
+    if (tracing) span = trace_->span(d, "backward");
+    // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP averages the ranks'
+    // gradients, so the shard's mean loss is weighted by world * rows / global_rows; the
+    // average is then the gradient of the global batch's mean loss, as on one process.
+    const double scale = static_cast<double>(group_->size()) * static_cast<double>(rows) /
+                         static_cast<double>(global_rows);
+    mul(loss, scale).backward();
+    if (tracing) span = trace_->span(d, "optimizer");
+    opt_->step();
+    span.reset();
+    kernels::axpby_(static_cast<double>(rows), loss.detach(), 1.0, loss_sum);
+    kernels::count_correct(logits.detach(), y, correct);
+  }
+
+  void sum_across_processes(const Tensor& t) override {
+    group_->allreduce(t, dist::ReduceOp::Sum)->wait();
+  }
+
+  void set_lr(double lr) override { opt_->set_lr(lr); }
+  // Every rank loads the same checkpoint, so parameters and optimizer state agree without a
+  // broadcast; buffers follow rank 0's at the next forward (broadcast_buffers).
+  nn::Module& model() override { return ddp_.module(); }
+  nn::optim::Optimizer& optimizer() override { return *opt_; }
+
+  // Every rank hands its timeline to rank 0 through the store; rank 0 writes one file with a
+  // process (pid = rank) per rank, on the shared host clock (parallel/trace.h).
+  void write_trace(const std::string& path) override {
+    if (!trace_) return;
+    group_->set_trace(nullptr);
+    dist::Store& store = group_->store();
+    store.set("trace/" + std::to_string(group_->rank()), trace_->json());
+    if (group_->rank() != 0) return;
+    std::vector<std::string> parts;
+    for (int r = 0; r < group_->size(); ++r) parts.push_back(store.get_string("trace/" + std::to_string(r)));
+    parallel::write_merged_trace(path, parts);
+  }
+
+  nn::Module& eval_model() override {
+    // Parameters are equal on every rank after each step; buffers are each rank's own since the
+    // last forward. Evaluate rank 0's, as one process would.
+    std::vector<Tensor> buffers = ddp_.module().buffers();
+    if (!buffers.empty() && group_->size() > 1) dist::broadcast_coalesced(*group_, buffers, 0);
+    return ddp_.module();
+  }
+
+ private:
+  // Note [an empty shard]: when the global batch is not a multiple of the world size, the last
+  // batch of an epoch can leave this rank no rows. It must still take the step -- the other
+  // ranks wait for its buffer broadcast and its bucket allreduces -- and contribute a zero
+  // gradient. A forward of 0 rows is not possible everywhere (BatchNorm refuses it in
+  // training), so the rank runs a stand-in: two rows of its previous batch with the loss
+  // weighted by 0, and puts its buffers back afterwards so they do not see the stand-in. The
+  // first batch of an epoch always gives every rank a row (batch_size >= world size), so a
+  // previous batch exists.
+  void empty_step() {
+    TANDEM_CHECK(last_x_.defined(), Value, "DDP stepper: this rank's first batch is empty");
+    const int64_t n = std::min<int64_t>(2, last_x_.size(0));
+    std::vector<Tensor> buffers = ddp_.module().buffers(), saved;
+    for (const Tensor& b : buffers) saved.push_back(b.clone());
+    opt_->zero_grad();
+    Tensor loss = cross_entropy(ddp_(last_x_.slice(0, 0, n)), last_y_.slice(0, 0, n));
+    mul(loss, 0.0).backward();
+    opt_->step();
+    for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
+  }
+
+  std::shared_ptr<dist::ProcessGroup> group_;
+  uint64_t seed_;
+  dist::DistributedDataParallel ddp_;
+  std::unique_ptr<nn::optim::Optimizer> opt_;
+  Tensor last_x_, last_y_;  // this rank's previous batch (Note [an empty shard])
+  std::unique_ptr<parallel::Trace> trace_;
+  int64_t traced_steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg) {
+  if (cfg.group) {
+    TANDEM_CHECK(cfg.devices.size() == 1 && cfg.devices.front() == cfg.group->device(), Value,
+                 "make_stepper: the ", cfg.group->backend(), " group works on ",
+                 cfg.group->device().str(), ", not on the training device");
+    return std::make_unique<DdpStepper>(cfg);
+  }
+  if (cfg.devices.size() == 1) return std::make_unique<SingleDeviceStepper>(cfg);
+  if (cfg.parallel == "dp") return std::make_unique<DataParallelStepper>(cfg);
+  return std::make_unique<ScratchStepper>(cfg);
+}
+
+}  // namespace tandem::examples
