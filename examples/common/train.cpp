@@ -6,7 +6,6 @@
 #include <cstdio>
 
 #include "autograd/grad_mode.h"
-#include "nn/serialize_checkpoint.h"
 #include "autograd/ops.h"
 #include "common/checkpoint.h"
 #include "common/stepper.h"
@@ -14,6 +13,7 @@
 #include "data/fashion_mnist.h"
 #include "kernels/ops.h"
 #include "nn/optim/lr_scheduler.h"
+#include "nn/serialize_checkpoint.h"
 #include "parallel/dist/process_group.h"
 
 namespace tandem::examples {

@@ -2,6 +2,8 @@
 // The model and the global batches of the multi-process tests: tests/dist/dist_worker.cpp
 // trains them in every rank, and tests/parallel/test_same_numbers.cpp trains the very same ones
 // in one process to compare.
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -36,6 +38,19 @@ inline std::vector<std::pair<Tensor, Tensor>> dist_test_batches(int steps, int64
     out.emplace_back(x.to(device), from_vector<int64_t>(y, {batch}, device));
   }
   return out;
+}
+
+// The worker's "params HASH": FNV-1a over the float32 bits of every parameter, in order.
+inline uint64_t dist_params_hash(const nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+  }
+  return h;
 }
 
 }  // namespace tandem::test

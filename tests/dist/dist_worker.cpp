@@ -157,17 +157,7 @@ Tensor shard_loss(nn::Module& net, const Tensor& x, const Tensor& y, int64_t B, 
   return mul(loss, scale);
 }
 
-uint64_t params_hash(const nn::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (const Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) {
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      h = (h ^ bits) * 1099511628211ull;
-    }
-  }
-  return h;
-}
+uint64_t params_hash(const nn::Module& m) { return test::dist_params_hash(m); }
 
 double max_rel_err(const nn::Module& a, const nn::Module& b) {
   double worst = 0;

@@ -43,17 +43,7 @@ std::vector<std::pair<Tensor, Tensor>> worker_batches(int steps, int64_t batch) 
 }
 
 // The worker's "params HASH": FNV-1a over the float32 bits of every parameter.
-uint64_t params_hash(const nn::Module& m) {
-  uint64_t h = 1469598103934665603ull;
-  for (const Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) {
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      h = (h ^ bits) * 1099511628211ull;
-    }
-  }
-  return h;
-}
+uint64_t params_hash(const nn::Module& m) { return test::dist_params_hash(m); }
 
 // max over parameters of max |a - b| / max(1, max |b|) (the worker's max_rel_err).
 double max_diff(const nn::Module& a, const nn::Module& b) { return test::max_param_error(a, b); }
