@@ -81,15 +81,16 @@ struct ReplicasBackward : autograd::Node {
   }
 };
 
-// dst[k] = src[k] for every k: one copy when both lists are still their flat tensors, else one
-// per tensor. Runs on the current device's stream.
-void copy_state(const std::vector<Tensor>& src, const Tensor& src_flat, const std::vector<Tensor>& dst,
-                const Tensor& dst_flat) {
-  if (is_coalesced(src, src_flat) && is_coalesced(dst, dst_flat)) {
-    dst_flat.copy_(src_flat);
-    return;
+// dst = src group by group: one copy per group whose tensors are both still their flat
+// tensors, else one per tensor. Runs on the current device's stream.
+void copy_state(const CoalescedGroups& src, const CoalescedGroups& dst) {
+  for (size_t g = 0; g < dst.groups.size(); ++g) {
+    if (is_coalesced(src.groups[g], src.flats[g]) && is_coalesced(dst.groups[g], dst.flats[g])) {
+      dst.flats[g].copy_(src.flats[g]);
+      continue;
+    }
+    for (size_t k = 0; k < dst.groups[g].size(); ++k) dst.groups[g][k].copy_(src.groups[g][k]);
   }
-  for (size_t k = 0; k < dst.size(); ++k) dst[k].copy_(src[k]);
 }
 
 }  // namespace
@@ -108,13 +109,13 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   state_->comm = make_communicator(comm_name, devices_);
   state_->replicas = replicate(module_, devices_);
   State& s = *state_;
-  s.params_flat = try_coalesce(module_->parameters());
-  s.buffers_flat = try_coalesce(module_->buffers());
-  s.replica_params_flat.resize(devices_.size());
-  s.replica_buffers_flat.resize(devices_.size());
+  s.params = coalesce_by_dtype(module_->parameters());
+  s.buffers = coalesce_by_dtype(module_->buffers());
+  s.replica_params.resize(devices_.size());
+  s.replica_buffers.resize(devices_.size());
   for (size_t r = 1; r < devices_.size(); ++r) {
-    s.replica_params_flat[r] = try_coalesce(s.replicas[r]->parameters());
-    s.replica_buffers_flat[r] = try_coalesce(s.replicas[r]->buffers());
+    s.replica_params[r] = coalesce_by_dtype(s.replicas[r]->parameters());
+    s.replica_buffers[r] = coalesce_by_dtype(s.replicas[r]->buffers());
   }
   s.replicas[0] = shallow_replica(*module_);  // after coalescing: it shares the flat storage
 }
@@ -140,8 +141,8 @@ void DataParallel::sync_replicas() {
     }
     if (r == 0) continue;  // shares the module's storage
     DeviceGuard device(devices_[r]);
-    copy_state(params, state_->params_flat, ps, state_->replica_params_flat[r]);
-    copy_state(buffers, state_->buffers_flat, bs, state_->replica_buffers_flat[r]);
+    copy_state(state_->params, state_->replica_params[r]);
+    copy_state(state_->buffers, state_->replica_buffers[r]);
   }
 }
 

@@ -101,11 +101,11 @@ class DataParallel {
     std::unique_ptr<Communicator> comm;  // sums the replicas' gradients in backward
     Replicas replicas;  // [shallow_replica(module) on devices[0], clones on the others]
     // Note [coalesced replica state]: the module's parameters, and separately its buffers, live
-    // in one flat tensor each (coalesce() in replicate.h), and so do every other replica's: the
-    // copy before each forward is one device-to-device copy per replica instead of one per
-    // tensor. Undefined where a list is empty or mixes dtypes (then: per-tensor copies).
-    Tensor params_flat, buffers_flat;
-    std::vector<Tensor> replica_params_flat, replica_buffers_flat;  // per replica; [0] unused
+    // in one flat tensor per dtype (coalesce_by_dtype() in replicate.h), and so do every other
+    // replica's: the copy before each forward is one device-to-device copy per dtype and
+    // replica instead of one per tensor (per-tensor copies only if something moved them since).
+    CoalescedGroups params, buffers;
+    std::vector<CoalescedGroups> replica_params, replica_buffers;  // per replica; [0] unused
   };
 
  private:

@@ -61,6 +61,23 @@ Tensor try_coalesce(const std::vector<Tensor>& tensors) {
   return coalesce(tensors);
 }
 
+CoalescedGroups coalesce_by_dtype(const std::vector<Tensor>& tensors) {
+  CoalescedGroups out;
+  std::vector<DType> dtypes;
+  for (const Tensor& t : tensors) {
+    TANDEM_CHECK(t.defined(), Value, "coalesce_by_dtype: undefined tensor");
+    const auto it = std::find(dtypes.begin(), dtypes.end(), t.dtype());
+    const size_t g = static_cast<size_t>(it - dtypes.begin());
+    if (it == dtypes.end()) {
+      dtypes.push_back(t.dtype());
+      out.groups.emplace_back();
+    }
+    out.groups[g].push_back(t);
+  }
+  for (const auto& group : out.groups) out.flats.push_back(coalesce(group));
+  return out;
+}
+
 bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat) {
   const Tensor span = contiguous_span(tensors);
   return span.defined() && flat.defined() && span.storage() == flat.storage() &&

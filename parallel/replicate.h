@@ -54,6 +54,15 @@ Tensor coalesce(const std::vector<Tensor>& tensors);
 // coalesce(tensors) when they share one device and dtype; otherwise an undefined tensor, and
 // nothing changes.
 Tensor try_coalesce(const std::vector<Tensor>& tensors);
+// `tensors` (one device) grouped by dtype, in order of each dtype's first appearance and in
+// list order within a group, each group coalesced into one flat tensor: a model's buffers mix
+// float running statistics with int64 counters (BatchNorm's num_batches_tracked), and so stay
+// one copy or one collective per dtype instead of one per tensor.
+struct CoalescedGroups {
+  std::vector<std::vector<Tensor>> groups;  // groups[g]: the tensors of one dtype
+  std::vector<Tensor> flats;                // flats[g]: groups[g] coalesced
+};
+CoalescedGroups coalesce_by_dtype(const std::vector<Tensor>& tensors);
 // Whether `tensors` are still, in order, the consecutive contiguous slices filling `flat`
 // (false once something replaced a tensor's storage, e.g. Module::to). Pointer checks only.
 bool is_coalesced(const std::vector<Tensor>& tensors, const Tensor& flat);

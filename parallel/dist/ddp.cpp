@@ -64,12 +64,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
   // Buffers live in one flat tensor per dtype, so the per-forward broadcast is one collective
   // per dtype (coalesce keeps each buffer's identity: the module still sees its tensors).
-  std::map<DType, std::vector<Tensor>> by_dtype;
-  for (const Tensor& b : module_->buffers()) by_dtype[b.dtype()].push_back(b);
-  for (auto& [dtype, bs] : by_dtype) {
-    buffer_groups_.push_back(bs);
-    buffer_flats_.push_back(coalesce(bs));
-  }
+  CoalescedGroups buffers = coalesce_by_dtype(module_->buffers());
+  buffer_groups_ = std::move(buffers.groups);
+  buffer_flats_ = std::move(buffers.flats);
 
   std::vector<Tensor> params;
   std::vector<std::string> names;

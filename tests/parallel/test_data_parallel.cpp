@@ -253,6 +253,55 @@ TEST_CASE("DataParallel on two GPUs matches the CPU", "[parallel][cuda]") {
   check_dp_matches_one_device(cuda_devices(2), 13, true, 1e-4);
 }
 
+TEST_CASE("coalesce_by_dtype makes one flat tensor per dtype, in order of first appearance", "[parallel]") {
+  Tensor a = uniform({3}, -1.0, 1.0), n = zeros({}, kInt64), b = uniform({2, 2}, -1.0, 1.0);
+  Tensor m = full({2}, 7.0, kInt64), d = uniform({4}, -1.0, 1.0, kFloat64);
+  const Tensor a0 = a.clone(), b0 = b.clone(), d0 = d.clone();
+  CoalescedGroups g = coalesce_by_dtype({a, n, b, m, d});
+  REQUIRE(g.groups.size() == 3);
+  REQUIRE(g.flats.size() == 3);
+  CHECK(g.flats[0].dtype() == kFloat32);
+  CHECK(g.flats[1].dtype() == kInt64);
+  CHECK(g.flats[2].dtype() == kFloat64);
+  CHECK(g.flats[0].numel() == 3 + 4);
+  CHECK(g.flats[1].numel() == 1 + 2);
+  CHECK(is_coalesced({a, b}, g.flats[0]));
+  CHECK(is_coalesced({n, m}, g.flats[1]));
+  CHECK(is_coalesced({d}, g.flats[2]));
+  CHECK(g.groups[1][1].same(m));
+  CHECK(rel_error(a, a0) == 0.0);
+  CHECK(rel_error(b, b0) == 0.0);
+  CHECK(rel_error(d, d0) == 0.0);
+  CHECK(values(m) == std::vector<double>{7.0, 7.0});
+  CHECK(coalesce_by_dtype({}).groups.empty());
+}
+
+TEST_CASE("DataParallel keeps mixed-dtype buffers (BatchNorm's counter) coalesced and in sync", "[parallel]") {
+  Generator gen(5);
+  auto net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 6, true, gen), std::make_shared<nn::BatchNorm2d>(6),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(6, 4, true, gen)});
+  DataParallel dp(net, cpu_devices(2));
+  const std::vector<Tensor> bufs = net->buffers();  // running_mean, running_var, num_batches_tracked
+  REQUIRE(bufs.size() == 3);
+  CHECK(bufs[0].storage() == bufs[1].storage());  // the float32 statistics share one buffer
+  CHECK(bufs[2].dtype() == kInt64);
+  auto [x, y] = random_batch(12, {8}, 4, gen);
+  for (int step = 0; step < 2; ++step) cross_entropy(dp(x), y).backward();
+  {
+    NoGradGuard no_grad;  // a forward brings every replica's buffers up to the module's
+    net->eval();
+    dp(x);
+  }
+  CHECK(net->buffers()[2].item() == 2.0);  // replica 0 counted both training forwards
+  for (const auto& replica : dp.replicas()) {
+    const std::vector<Tensor> rb = replica->buffers();
+    REQUIRE(rb.size() == bufs.size());
+    for (size_t k = 0; k < rb.size(); ++k) CHECK(values(rb[k]) == values(net->buffers()[k]));
+    CHECK(rb[0].storage() == rb[1].storage());
+  }
+}
+
 TEST_CASE("BatchNorm under DataParallel keeps shard 0's running statistics", "[parallel]") {
   Generator gen(17);
   auto make = [&] {
