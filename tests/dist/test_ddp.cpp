@@ -158,7 +158,9 @@ TEST_CASE("Without the launcher stopping them, survivors of a killed rank exit n
                          "RANK=0 LOCAL_RANK=0 " + w + " kill --kill-rank 1 --kill-step 2; echo rank0 exit $?; wait)");
   INFO(r.output);
   CHECK(contains(r.output, "rank0 exit 1"));
-  CHECK(r.seconds < 5 + 3);
+  // The 5 s collective timeout plus slack for a loaded machine (a parallel ctest run once took
+  // longer than 5 + 3 s): a hang would last until the test's own limit.
+  CHECK(r.seconds < 5 + 10);
   CHECK(std::regex_search(r.output, std::regex("(allreduce|broadcast) #[0-9]+ .* on rank 0 of 2")));
   CHECK(contains(r.output, "rank 1"));
 }
