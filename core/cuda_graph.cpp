@@ -161,19 +161,19 @@ void StepGraph::operator()(const std::vector<Tensor>& inputs) {
   // After the first capture the graph's input shapes are fixed: other shapes (the last batch
   // of an epoch) run eagerly, also when a capture is due, so it is never taken on them.
   const bool shaped = static_inputs_.empty() || matches(inputs);
-  if (graph_.captured() && shaped) {
+  if (shaped && graph_.captured()) {
     for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
     graph_.replay();
     ++replays_;
     return;
   }
-  if (graph_.captured() || !shaped || warmup_left_ > 0) {
-    if (!graph_.captured() && shaped && warmup_left_ > 0) --warmup_left_;
-    ++eager_;
-    step_(inputs);
+  if (shaped && warmup_left_ == 0) {
+    capture(inputs);
     return;
   }
-  capture(inputs);
+  if (shaped) --warmup_left_;
+  ++eager_;
+  step_(inputs);
 }
 
 void StepGraph::capture(const std::vector<Tensor>& inputs) {
