@@ -36,7 +36,7 @@ int64_t first_nonfinite(const T* p, int64_t n) {
 // CPU is copied there first (a host synchronization; see the header).
 int64_t find_nonfinite(const Tensor& t, const char*& what) {
   if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return -1;
-  const Tensor h = (t.device() == kCPU ? t : t.to(kCPU)).contiguous();
+  const Tensor h = t.to(kCPU).contiguous();
   int64_t i = -1;
   double v = 0;
   if (h.dtype() == kFloat32) {

@@ -124,8 +124,7 @@ void run_tensor_hooks(Node& n, TensorList& grads) {
     if (m.grad.defined()) {
       m.grad = kernels::binary(BinaryOp::Add, m.grad, g);  // out of place: g may be shared
     } else {
-      m.grad = empty(g.shape(), g.dtype(), g.device());  // never an alias of g
-      m.grad.copy_(g);
+      m.grad = g.clone();  // never an alias of g
     }
   }
 }

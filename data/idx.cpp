@@ -1,10 +1,8 @@
 #include "data/idx.h"
 
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace tandem::data {
 
@@ -280,8 +279,6 @@ IdxData parse_idx(const uint8_t* file, size_t file_size, const std::string& path
   return idx;
 }
 
-std::atomic<uint64_t> g_tmp_counter{0};
-
 // Header + data of an IDX file of unsigned bytes.
 std::vector<uint8_t> idx_bytes(uint32_t magic, const Shape& dims,
                                const std::vector<uint8_t>& data) {
@@ -329,31 +326,9 @@ std::vector<uint8_t> read_file_bytes(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes, bool gzip) {
-  std::vector<uint8_t> compressed;
-  if (gzip) compressed = gzip_bytes(bytes, path);
-  const std::vector<uint8_t>& out = gzip ? compressed : bytes;
-
-  std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(g_tmp_counter++);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  TANDEM_CHECK(f != nullptr, IO, "cannot write '", path, "': cannot create '", tmp,
-               "': ", std::strerror(errno));
-  bool ok = out.empty() || std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  int saved_errno = errno;
-  ok = std::fclose(f) == 0 && ok;
-  std::error_code ec;
-  if (!ok) {
-    fs::remove(tmp, ec);
-    TANDEM_THROW(IO, "cannot write '", path, "': ", std::strerror(saved_errno));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    TANDEM_THROW(IO, "cannot write '", path, "': rename from '", tmp, "' failed: ", ec.message());
-  }
+  if (!gzip) return ::tandem::write_file_atomic(path, bytes.data(), bytes.size());
+  const std::vector<uint8_t> compressed = gzip_bytes(bytes, path);
+  ::tandem::write_file_atomic(path, compressed.data(), compressed.size());
 }
 
 Tensor parse_idx_images(const uint8_t* data, size_t size, const std::string& name_for_errors) {

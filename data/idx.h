@@ -55,8 +55,8 @@ void write_idx_labels(const std::string& path, const Tensor& labels, bool gzip);
 // concatenated gzip members are joined, as gunzip does). A file whose name ends in ".gz" must
 // be gzip data. Throws IOError / FormatError naming the path.
 std::vector<uint8_t> read_file_bytes(const std::string& path);
-// Writes bytes (gzip-compressed when gzip is true) to a temporary file in the same directory
-// and renames it to path. Throws IOError naming the path.
+// Writes bytes (gzip-compressed when gzip is true) to path atomically (core/file_io.h).
+// Throws IOError naming the path.
 void write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes, bool gzip);
 
 }  // namespace tandem::data

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "nn/module.h"
 
 namespace tandem::nn {
@@ -64,11 +65,8 @@ SafetensorsFile read_safetensors(const std::string& path);
 void write_safetensors(const std::string& path, const StateDict& tensors,
                        const Metadata& metadata = {});
 
-// Writes bytes to path atomically: a temporary file in the same folder, written and fsynced,
-// renamed over path, then the folder fsynced. Any failure is an IOError naming path, the step
-// and the OS reason (strerror); the temporary file is removed and a previous file at path is
-// left as it was.
-void write_file_atomic(const std::string& path, const uint8_t* data, size_t size);
+// The atomic write of core/file_io.h, which checkpoints use.
+using ::tandem::write_file_atomic;
 
 // Writes module.state_dict() (PyTorch's names: "0.weight", "3.bias", ...) to path.
 void save(const Module& module, const std::string& path, const Metadata& metadata = {});

@@ -83,7 +83,10 @@ Tensor ScratchTrainer::train_batch(const Tensor& x, const Tensor& y) {
   // 4. One allreduce for the whole model, on the devices' current streams.
   {
     std::vector<Trace::Span> spans;
-    for (Device d : devices_) spans.push_back(Trace::scoped(trace_, d, "allreduce " + comm_->name(), "comm"));
+    if (trace_) {
+      const std::string name = "allreduce " + comm_->name();
+      for (Device d : devices_) spans.push_back(Trace::scoped(trace_, d, name, "comm"));
+    }
     std::vector<Tensor> flats;
     for (const FlatBuffer& g : grads_) flats.push_back(g.flat());
     comm_->allreduce_sum(flats);

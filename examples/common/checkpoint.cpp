@@ -113,7 +113,7 @@ void check_same_run(const nn::TrainingCheckpoint& ckpt, const TrainConfig& cfg, 
 std::string first_non_finite(const nn::Module& model) {
   for (const auto& [name, t] : model.state_dict()) {
     if (!is_floating(t.dtype())) continue;
-    for (double x : t.to(kCPU).to(kFloat64).to_vector<double>())
+    for (double x : t.to_vector<double>())
       if (!std::isfinite(x)) return name;
   }
   return "";

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "nn/serialize.h"
+
 namespace tandem::examples {
 
 Progress::Progress(int64_t total, std::string label)
@@ -60,7 +62,6 @@ void CsvLog::add(const EpochStats& s) {
 }
 
 void CsvLog::flush() const {
-  const std::string tmp = path_ + ".tmp";
   std::string text = "epoch,loss,train_acc,test_acc,seconds,images_per_s\n";
   char line[256];
   for (const auto& r : rows_) {
@@ -68,21 +69,8 @@ void CsvLog::flush() const {
                   r.train_acc, r.test_acc, r.seconds, r.images_per_s);
     text += line;
   }
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) csv_error("cannot write CSV file", tmp, errno);
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  const int err = errno;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    csv_error("failed writing CSV file", tmp, err);
-  }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    const int rename_err = errno;
-    std::remove(tmp.c_str());  // the previous CSV, if any, stays whole
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path_ + "': " + std::strerror(rename_err));
-  }
+  // A crash or a full disk leaves the previous CSV whole (temp file, fsync, rename).
+  nn::write_file_atomic(path_, reinterpret_cast<const uint8_t*>(text.data()), text.size());
 }
 
 std::string format_epoch(const EpochStats& s) {

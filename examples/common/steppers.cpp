@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -227,23 +226,22 @@ class DdpStepper final : public Stepper {
     last_x_ = x;
     last_y_ = y;
     if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
-    const bool tracing = trace_ && traced_steps_ <= kTracedSteps;
+    parallel::Trace* trace = trace_ && traced_steps_ <= kTracedSteps ? trace_.get() : nullptr;
     const Device d = group_->device();
     opt_->zero_grad();
-    std::optional<parallel::Trace::Span> span;
-    if (tracing) span = trace_->span(d, "forward");
+    auto span = parallel::Trace::scoped(trace, d, "forward");
     Tensor logits = ddp_(x);
     Tensor loss = cross_entropy(logits, y);
-    if (tracing) span = trace_->span(d, "backward");
+    span = parallel::Trace::scoped(trace, d, "backward");
     // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP averages the ranks'
     // gradients, so the shard's mean loss is weighted by world * rows / global_rows; the
     // average is then the gradient of the global batch's mean loss, as on one process.
     const double scale = static_cast<double>(group_->size()) * static_cast<double>(rows) /
                          static_cast<double>(global_rows);
     mul(loss, scale).backward();
-    if (tracing) span = trace_->span(d, "optimizer");
+    span = parallel::Trace::scoped(trace, d, "optimizer");
     opt_->step();
-    span.reset();
+    span = {};
     kernels::axpby_(static_cast<double>(rows), loss.detach(), 1.0, loss_sum);
     kernels::count_correct(logits.detach(), y, correct);
   }

@@ -130,8 +130,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   Device home = cfg.devices.front();  // data lives here; batches are split from here
   const bool reporting = reports(cfg);
   CsvLog csv(reporting ? cfg.csv : "");  // fails before any work when the file cannot be written
-  const bool checkpointing = !cfg.checkpoint_dir.empty();
-  if (checkpointing) check_checkpoint_dir(cfg.checkpoint_dir);
+  const bool checkpointing = !cfg.checkpoint_dir.empty();  // its folder was checked with the flags
 
   data::FashionMnist train = data::load_fashion_mnist(cfg.data_dir, true, cfg.train_limit);
   data::FashionMnist test = data::load_fashion_mnist(cfg.data_dir, false, cfg.test_limit);
@@ -169,7 +168,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
       first_batch = ck.epoch_step;
       step = ck.step;
       if (const Tensor* c = ck.extra.find("epoch_counts"); c != nullptr && first_batch > 0)
-        resumed_counts = c->to(kCPU).to(kFloat64).to_vector<double>();
+        resumed_counts = c->to_vector<double>();
       result.checkpoint = path;
       if (reporting)
         std::printf("resuming from %s: epoch %lld, step %lld of %lld (run step %lld)\n", path.c_str(),
@@ -245,8 +244,8 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     }
     if (window.size() > 0) check(batch, false);  // the epoch's last steps
     stepper->collect_metrics(correct);
-    // The one host synchronization of the epoch: read the accumulated loss and accuracy, summed
-    // over the processes of a job.
+    // The epoch's second and last host read, after the loss window's: the accumulated loss and
+    // accuracy, summed over the processes of a job.
     Tensor counts = epoch_counts(loss_sum, correct, seen);
     stepper->sum_across_processes(counts);
     const std::vector<double> c = counts.to_vector<double>();  // loss_sum, correct, seen
