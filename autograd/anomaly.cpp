@@ -36,7 +36,8 @@ int64_t first_nonfinite(const T* p, int64_t n) {
 // CPU is copied there first (a host synchronization; see the header).
 int64_t find_nonfinite(const Tensor& t, const char*& what) {
   if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return -1;
-  const Tensor h = t.to(kCPU).contiguous();
+  // bfloat16 widens to float32 exactly (NaN and infinities included).
+  const Tensor h = t.to(kCPU, t.dtype() == kFloat64 ? kFloat64 : kFloat32).contiguous();
   int64_t i = -1;
   double v = 0;
   if (h.dtype() == kFloat32) {

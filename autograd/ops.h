@@ -52,6 +52,10 @@ Tensor index_select(const Tensor& x, const Tensor& index);  // dim 0
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 // Differentiable copy to another device (gradient flows back to the source device).
 Tensor to_device(const Tensor& x, Device d);
+// Differentiable dtype conversion (torch's x.to(dtype)): the gradient is cast back to x's
+// dtype, so a float32 leaf used through a bfloat16 copy gets a float32 .grad. A conversion to
+// an integer dtype records nothing (its result cannot require grad), as in PyTorch.
+Tensor to(const Tensor& x, DType dtype);
 
 // ---- neural network ops ------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D

@@ -1,5 +1,6 @@
 // Differentiable neural-network ops: matmul, linear, conv2d, pooling, log_softmax,
 // cross_entropy, batch_norm. Each backward calls the matching fused kernel.
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/ops.h"
 
@@ -10,7 +11,10 @@ using autograd::record;
 using autograd::saved;
 using autograd::TensorList;
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  // Under autocast the product runs in bfloat16 (Note [autocast] in autograd/autocast.h): the
+  // casts are differentiable, so the gradients reach a_in and b_in in their own dtype.
+  const Tensor a = autocast_input(a_in), b = autocast_input(b_in);
   Tensor y = kernels::matmul(a, b);  // [M, K] @ [K, N] -> [M, N]
   if (autograd::any_requires_grad({&a, &b})) {
     const bool na = needs_grad(a), nb = needs_grad(b);
@@ -25,7 +29,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  // Autocast as in matmul. The bias is added to the rounded bfloat16 product (PyTorch's
+  // addmm adds it inside the float32 epilogue): one more rounding, within a bfloat16 ulp.
+  const Tensor x = autocast_input(x_in), w = autocast_input(w_in), b = autocast_input(b_in);
   Tensor y = kernels::matmul(x, w, false, true);           // [N, in] @ [out, in]^T -> [N, out]
   if (b.defined()) kernels::binary_(BinaryOp::Add, y, b);  // b [out] broadcast over rows
   if (autograd::any_requires_grad({&x, &w, &b})) {
@@ -49,7 +56,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
     record("Conv2d", {x, w, b}, {y},
            [nx, nw, nb, p, xs = x.shape(), ws = w.shape(), x = nw || nb ? saved(x) : Tensor(),
             w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
-             const Tensor dy = g[0].contiguous();
+             const Tensor& dy = g[0];  // in any layout: the kernels:: op picks the memory format
              Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
              Tensor gw, gb;
              if (nw || nb) std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb);
@@ -159,7 +166,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     record("BatchNorm", {x, gamma, beta}, {r.y},
            [nx, ng, nb, x = saved(x), gamma = saved(gamma), mean = r.save_mean,
             invstd = r.save_invstd](TensorList&& g) -> TensorList {
-             auto d = kernels::batch_norm_backward(g[0].contiguous(), x, gamma, mean, invstd);
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd);
              return {nx ? d.dx : Tensor(), ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
            });
   }

@@ -1,5 +1,5 @@
-// Differentiable shape ops: views (reshape, transpose, slice), gathers (index_select, cat)
-// and the device copy.
+// Differentiable shape ops: views (reshape, transpose, slice), gathers (index_select, cat),
+// the device copy and the dtype conversion.
 #include <algorithm>
 
 #include "autograd/function.h"
@@ -115,6 +115,15 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
       }
       return gx;
     });
+  }
+  return y;
+}
+
+Tensor to(const Tensor& x, DType dtype) {
+  Tensor y = fresh_alias(x.to(dtype), x);
+  if (is_floating(dtype) && autograd::any_requires_grad({&x})) {
+    record("ToCopy", {x}, {y},
+           [src = x.dtype()](TensorList&& g) -> TensorList { return {g[0].to(src)}; });
   }
   return y;
 }

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
                        : cfg.devices.size() == 1
                            ? (cfg.cuda_graph && cfg.devices.front().is_cuda() && cfg.optimizer != "adam" ? "graph" : "eager")
                                                  : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
+    if (cfg.channels_last) path += "+cl";
     if (cfg.devices.front().is_cuda() && cudnn_benchmark()) path += "+bench";
     if (cfg.devices.front().is_cuda() && !cudnn_deterministic()) path += "+nondet";
     const size_t devices = cfg.group ? static_cast<size_t>(cfg.group->size()) : cfg.devices.size();

@@ -18,11 +18,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--order", action="store_true", help="also list every kernel in launch order")
     args = ap.parse_args()
     with open(args.csv) as f:
         lines = [l for l in f if l.startswith('"')]
     total = collections.Counter()
     count = collections.Counter()
+    seq = []
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -30,8 +32,13 @@ def main():
         unit = row.get("Metric Unit", "ns")
         us = v / 1000 if unit in ("nsecond", "ns") else v * 1000 if unit in ("msecond", "ms") else v
         k = short(row["Kernel Name"])
+        seq.append((k, us))
         total[k] += us
         count[k] += 1
+    if args.order:
+        print(f"{'#':>4s} {'kernel, in launch order':80s} {'us':>8s}")
+        for i, (k, us) in enumerate(seq):
+            print(f"{i:4d} {k:80s} {us:8.1f}")
     s = sum(total.values())
     print(f"{sum(count.values())} kernels, {s:.1f} us in all")
     print(f"{'kernel':80s} {'n':>4s} {'us':>9s} {'share':>6s}")

@@ -29,6 +29,24 @@ Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::ChannelsLast ? "channels_last" : "contiguous";
+}
+
+Strides strides_for(const Shape& s, MemoryFormat f) {
+  if (f == MemoryFormat::Contiguous) return contiguous_strides(s);
+  TANDEM_CHECK(s.size() == 4, Shape, "channels_last: expected a 4-D [N, C, H, W] shape, got ", shape_str(s));
+  const int64_t c = std::max<int64_t>(s[1], 1), w = std::max<int64_t>(s[3], 1), h = std::max<int64_t>(s[2], 1);
+  return {h * w * c, 1, w * c, c};
+}
+
+MemoryFormat suggest_memory_format(const Tensor& t) {
+  if (t.dim() != 4) return MemoryFormat::Contiguous;
+  const Strides cl = strides_for(t.shape(), MemoryFormat::ChannelsLast);
+  return t.strides() == cl && cl != contiguous_strides(t.shape()) ? MemoryFormat::ChannelsLast
+                                                                   : MemoryFormat::Contiguous;
+}
+
 namespace {
 
 const TensorImpl& checked(const std::shared_ptr<TensorImpl>& impl) {
@@ -61,7 +79,7 @@ Tensor contiguous_span(const std::vector<Tensor>& tensors) {
   int64_t end = first.offset();
   for (const Tensor& t : tensors) {
     if (!t.defined() || t.storage() != first.storage() || t.dtype() != first.dtype() || t.offset() != end ||
-        !t.is_contiguous()) {
+        !t.is_non_overlapping_and_dense()) {
       return Tensor();
     }
     end += t.numel();
@@ -69,16 +87,28 @@ Tensor contiguous_span(const std::vector<Tensor>& tensors) {
   return make_view(first, {end - first.offset()}, {1}, first.offset());
 }
 
+bool same_layout(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) != 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
 std::vector<Tensor> split_views(const Tensor& flat, const std::vector<Tensor>& like) {
   int64_t total = 0;
   for (const Tensor& t : like) total += t.numel();
-  TANDEM_CHECK(flat.dim() == 1 && flat.numel() == total, Shape, "split_views: ", shape_str(flat.shape()),
+  TANDEM_CHECK(flat.dim() == 1 && flat.numel() == total && flat.is_contiguous(), Shape, "split_views: ",
+               shape_str(flat.shape()), flat.is_contiguous() ? "" : " (strided)",
                " cannot be split into tensors of ", total, " elements in all");
   std::vector<Tensor> views;
   views.reserve(like.size());
   int64_t offset = 0;
   for (const Tensor& t : like) {
-    views.push_back(flat.slice(0, offset, offset + t.numel()).view(t.shape()));
+    // A dense tensor's view keeps its strides (a channels-last weight's gradient is
+    // channels-last too); any other gets contiguous strides.
+    const Strides st = t.is_non_overlapping_and_dense() ? t.strides() : contiguous_strides(t.shape());
+    views.push_back(make_view(flat, t.shape(), st, flat.offset() + offset));
     offset += t.numel();
   }
   return views;
@@ -111,12 +141,12 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape
 
 }  // namespace
 
-Tensor::Tensor(const Shape& shape, DType dtype, Device device) {
+Tensor::Tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
   for (int64_t d : shape) TANDEM_CHECK(d >= 0, Shape, "negative dimension in shape ", shape_str(shape));
   impl_ = std::make_shared<TensorImpl>();
+  impl_->strides = strides_for(shape, format);
   impl_->storage = std::make_shared<Storage>(device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
   impl_->shape = shape;
-  impl_->strides = contiguous_strides(shape);
   impl_->dtype = dtype;
 }
 
@@ -139,6 +169,37 @@ bool Tensor::is_contiguous() const {
     if (sh[i] == 1) continue;  // the stride of a size-1 dim does not matter
     if (st[i] != expected) return false;
     expected *= sh[i];
+  }
+  return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  if (numel() == 0) return true;
+  const auto& sh = shape();
+  const auto& st = strides();
+  int64_t expected = 1;
+  for (int64_t d : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
+    if (sh[d] == 1) continue;
+    if (st[d] != expected) return false;
+    expected *= sh[d];
+  }
+  return true;
+}
+
+bool Tensor::is_non_overlapping_and_dense() const {
+  if (numel() == 0) return true;
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < dim(); ++d) {
+    if (size(d) != 1) dims.push_back(d);
+  }
+  // Innermost first; ties (possible only for overlapping tensors) fail below.
+  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return stride(a) < stride(b); });
+  int64_t expected = 1;
+  for (int64_t d : dims) {
+    if (stride(d) != expected) return false;
+    expected *= size(d);
   }
   return true;
 }

@@ -37,6 +37,22 @@ std::string shape_str(const Shape& s);  // "[256,1,28,28]"
 int64_t shape_numel(const Shape& s);
 Strides contiguous_strides(const Shape& s);
 
+// Note [memory formats]: how a 4-D [N, C, H, W] tensor is laid out in memory, as PyTorch's
+// torch.memory_format. The shape, the indexing and every op's meaning stay NCHW whatever the
+// format; only the strides differ. Contiguous: row-major, strides (CHW, HW, W, 1).
+// ChannelsLast: the channels of one pixel are adjacent, strides (HWC, 1, WC, C), the layout
+// cuDNN's tensor-core convolutions work in (from NCHW they convert, twice per convolution).
+// Ops keep the format of their inputs: a convolution whose input or weight is channels-last
+// writes a channels-last output (Module::to(MemoryFormat) turns a model's 4-D weights), and
+// elementwise ops, batch norm and their gradients follow their inputs, so a channels-last
+// network runs end to end without a layout conversion. Backends that have no channels-last
+// kernels (the CPU) get contiguous inputs and their result is converted, so the CPU stays the
+// reference for both formats.
+enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast };
+const char* memory_format_name(MemoryFormat f);
+// The strides of a dense tensor of `s` in format f (ChannelsLast needs 4 dims).
+Strides strides_for(const Shape& s, MemoryFormat f);
+
 // Opaque per-tensor slot for autograd (defined in autograd/).
 struct AutogradMetaBase {
   virtual ~AutogradMetaBase() = default;
@@ -57,8 +73,9 @@ class Tensor {
  public:
   Tensor() = default;  // undefined tensor
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
-  // A new uninitialized contiguous tensor.
-  Tensor(const Shape& shape, DType dtype, Device device);
+  // A new uninitialized tensor, contiguous or in the given memory format.
+  Tensor(const Shape& shape, DType dtype, Device device,
+         MemoryFormat format = MemoryFormat::Contiguous);
 
   bool defined() const { return impl_ != nullptr; }
   TensorImpl* impl() const { return impl_.get(); }
@@ -78,6 +95,12 @@ class Tensor {
   size_t element_size() const { return dtype_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const;
+  // Whether the elements are laid out as `format` says (strides of size-1 dims do not
+  // matter, so a [N, 1, H, W] tensor is both; ChannelsLast is false for other than 4 dims).
+  bool is_contiguous(MemoryFormat format) const;
+  // Non-overlapping and dense: the elements fill [offset, offset + numel) of the storage in
+  // some order of the dims (any memory format, a transpose of a contiguous tensor).
+  bool is_non_overlapping_and_dense() const;
   const std::shared_ptr<Storage>& storage() const;
   std::string str() const;  // "Tensor[2,3] float32 cuda:0"
 
@@ -105,6 +128,9 @@ class Tensor {
   // ---- copies (stream-ordered; never sync the host except into CPU memory from CUDA;
   //      kernels/tensor_methods.cpp) ----
   Tensor contiguous() const;
+  Tensor contiguous(MemoryFormat format) const;  // this when already in format, else a copy
+  // A copy in the same memory format (suggest_memory_format), as PyTorch's default
+  // memory_format=torch.preserve_format.
   Tensor clone() const;
   Tensor to(Device device) const;  // same tensor when already there
   Tensor to(DType dtype) const;
@@ -168,6 +194,12 @@ Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = kCPU);
+Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format);
+// The format of t's strides: ChannelsLast when t is 4-D with exactly the strides of a
+// channels-last tensor (strides_for) and not also those of a contiguous one; else Contiguous.
+// An op writes its output in this format of its inputs (Note [memory formats]).
+MemoryFormat suggest_memory_format(const Tensor& t);
+// In t's memory format (suggest_memory_format).
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 // [start, end) with step, int64 by default.
@@ -182,10 +214,15 @@ Tensor normal(const Shape& shape, double mean, double stddev, DType dtype = kFlo
 // A tensor holding a copy of host values (row-major), placed on `device`.
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = kCPU);
-// A 1-D view of [total] elements covering `tensors` when they are, in this order, contiguous
-// and back to back in one storage (a coalesced parameter list, a FlatBuffer's views); an
-// undefined tensor otherwise or for an empty list. Pointer arithmetic only.
+// A 1-D view of [total] elements covering `tensors` when they are, in this order, dense
+// (is_non_overlapping_and_dense: contiguous, channels-last, ...) and back to back in one
+// storage (a coalesced parameter list, a FlatBuffer's views); an undefined tensor otherwise or
+// for an empty list. Pointer arithmetic only: elementwise work over two spans pairs the right
+// elements only where their tensors have the same layout (same_layout).
 Tensor contiguous_span(const std::vector<Tensor>& tensors);
+// Same shape and the same stride in every dim of size > 1: a and b address their elements
+// alike, so raw-memory kernels (the optimizer steps) may pair them up.
+bool same_layout(const Tensor& a, const Tensor& b);
 // The other way round: consecutive views of the 1-D tensor `flat`, view k shaped like like[k]
 // (ShapeError unless flat has exactly their total number of elements).
 std::vector<Tensor> split_views(const Tensor& flat, const std::vector<Tensor>& like);

@@ -60,6 +60,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
+  // Whether conv2d_* and batch_norm_* take channels-last tensors (Note [memory formats] in
+  // core/tensor.h): then the dispatcher passes x, w, y (and dy, dx, dw) all contiguous or all
+  // channels-last, and the kernels read the format from the strides. A backend without them
+  // gets contiguous tensors only.
+  virtual bool supports_channels_last() const { return false; }
+
   // out[...] = value. out: any strides.
   virtual void fill(const Tensor& out, double value) = 0;
   // dst = src, same device and shape, any strides, converting dtype.
@@ -89,7 +95,8 @@ class Backend {
   virtual void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                     double beta, const Tensor& c) = 0;
 
-  // x [N, C, H, W], w [K, C, R, S], bias [K] or undefined, y [N, K, P, Q]; all contiguous.
+  // x [N, C, H, W], w [K, C, R, S], bias [K] or undefined, y [N, K, P, Q]; all contiguous,
+  // or all channels-last where supports_channels_last().
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                               const Conv2dParams& p, const Tensor& y) = 0;
   // dx [N, C, H, W] = conv-transpose of dy [N, K, P, Q] with w (overwrites dx).
@@ -128,7 +135,7 @@ class Backend {
   virtual void index_add(const Tensor& src, const Tensor& index, const Tensor& out) = 0;
 
   // Batch normalization per channel over all other dims. x [N, C, H, W] or [N, C],
-  // contiguous; gamma, beta, running_*, save_* are [C]. Training normalizes with the batch
+  // contiguous (or, where supports_channels_last(), x, y, dy and dx channels-last); gamma, beta, running_*, save_* are [C]. Training normalizes with the batch
   // mean and biased variance, writes save_mean and save_invstd = 1/sqrt(var + eps) for
   // backward, and updates running_mean/var in place with the unbiased variance:
   // running = (1 - momentum) * running + momentum * batch.
@@ -176,8 +183,9 @@ class Backend {
 //   TANDEM_CUDNN_DETERMINISTIC=0 turns it off.
 // direct_wgrad (default true): the weight gradient of convolutions with few input channels
 //   comes from tandem's own deterministic kernels instead of cuDNN's heuristics' choice (Note
-//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); not in benchmark mode, which times
-//   cuDNN's engines. Environment: TANDEM_DIRECT_WGRAD=0 turns it off.
+//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); in benchmark mode, which times
+//   cuDNN's engines, and in channels-last only for one input channel. Environment:
+//   TANDEM_DIRECT_WGRAD=0 turns it off.
 void set_direct_wgrad(bool on);
 bool direct_wgrad();
 void set_cudnn_graph_api(bool on);

@@ -91,8 +91,11 @@ const char* reduce_name(ReduceOp op) {
   return "reduce";
 }
 
+// Floating here includes bfloat16: every op of this file has bfloat16 kernels (Note [bfloat16
+// opt-in] in core/dtype.h).
 void check_floating(const char* op, const Tensor& t) {
-  TANDEM_CHECK(is_floating(t.dtype()), DType, op, ": expected a float32 or float64 tensor, got ",
+  TANDEM_CHECK(is_floating(t.dtype()), DType, op,
+               ": expected a floating tensor (float32, float64 or bfloat16), got ",
                dtype_name(t.dtype()), " ", shape_str(t.shape()));
 }
 
@@ -150,6 +153,17 @@ std::vector<bool> reduced_dims(const char* op, const Tensor& x, const std::vecto
     reduced[w] = true;
   }
   return reduced;
+}
+
+// The memory format of an elementwise result of `shape` (Note [memory formats]): channels-last
+// when an operand of that full shape is, else contiguous.
+MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands) {
+    if (t->shape() == shape && suggest_memory_format(*t) == MemoryFormat::ChannelsLast) {
+      return MemoryFormat::ChannelsLast;
+    }
+  }
+  return MemoryFormat::Contiguous;
 }
 
 std::string matmul_operand(const Tensor& t, bool trans) {
@@ -214,7 +228,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = unary_name(op);
   check_same_device(name, {&x});
   if (needs_floating(op)) check_floating(name, x);
-  Tensor out(x.shape(), x.dtype(), x.device());
+  Tensor out(x.shape(), x.dtype(), x.device(), suggest_memory_format(x));
   backend_for(x.device()).unary(op, x, out);
   return out;
 }
@@ -225,7 +239,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_same_dtype(name, {&a, &b});
   if (needs_floating(op)) check_floating(name, a);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out(shape, a.dtype(), a.device());
+  Tensor out(shape, a.dtype(), a.device(), output_format(shape, {&a, &b}));
   backend_for(a.device()).binary(op, a.expand(shape), b.expand(shape), out);
   return out;
 }
@@ -250,7 +264,7 @@ Tensor scalar(ScalarOp op, const Tensor& x, double s) {
     TANDEM_CHECK(std::trunc(s) == s && std::abs(s) < 9.2e18, Value, name, ": scalar ", s,
                  " is not an integer, but the tensor is ", dtype_name(x.dtype()));
   }
-  Tensor out(x.shape(), x.dtype(), x.device());
+  Tensor out(x.shape(), x.dtype(), x.device(), suggest_memory_format(x));
   backend_for(x.device()).scalar(op, x, s, out);
   return out;
 }

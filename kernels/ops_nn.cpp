@@ -90,13 +90,54 @@ void check_optim_arg(const char* op, const Tensor& param, const Tensor& t, const
 }
 
 void check_in_place(const char* op, const Tensor& t, const char* name) {
-  TANDEM_CHECK(t.is_contiguous(), Value, op, ": ", name, " ", shape_str(t.shape()),
-               " is updated in place and must be contiguous");
+  TANDEM_CHECK(t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast), Value, op, ": ", name, " ",
+               shape_str(t.shape()), " is updated in place and must be contiguous or channels-last");
+}
+
+// The optimizer kernels run over raw memory, so a gradient or state tensor must be laid out as
+// its parameter is (same_layout). `t` laid out as the in-place tensor `param` (contiguous or channels-last, check_in_place).
+Tensor layout_of(const Tensor& t, const Tensor& param) {
+  if (same_layout(t, param)) return t;
+  return t.contiguous(param.is_contiguous() ? MemoryFormat::Contiguous : MemoryFormat::ChannelsLast);
+}
+
+void check_state_layout(const char* op, const Tensor& param, const Tensor& t, const char* name) {
+  TANDEM_CHECK(same_layout(param, t), Value, op, ": ", name, " ", shape_str(t.shape()),
+               " is laid out differently from its parameter (memory format)");
 }
 
 }  // namespace
 
 // ---- convolution ------------------------------------------------------------------------
+
+namespace {
+
+// Note [memory formats] in core/tensor.h: a convolution runs channels-last when either of its
+// two operands is; on a backend without channels-last kernels it runs contiguous and its result
+// is converted, so the caller sees the same format on every device.
+MemoryFormat conv_format(const Tensor& a, const Tensor& b) {
+  return suggest_memory_format(a) == MemoryFormat::ChannelsLast ||
+                 suggest_memory_format(b) == MemoryFormat::ChannelsLast
+             ? MemoryFormat::ChannelsLast
+             : MemoryFormat::Contiguous;
+}
+
+// The format the backend computes in: `wanted`, or contiguous where it has no channels-last kernels.
+MemoryFormat kernel_format(const Backend& be, MemoryFormat wanted) {
+  return be.supports_channels_last() ? wanted : MemoryFormat::Contiguous;
+}
+
+// `t` (computed in format `have`) with exactly the strides of format `want`: a result the
+// caller reads the format of again (suggest_memory_format), even where size-1 dims make the
+// two layouts the same memory.
+Tensor in_format(const Tensor& t, MemoryFormat have, MemoryFormat want) {
+  if (have == want) return t;
+  Tensor out(t.shape(), t.dtype(), t.device(), want);
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   check_same_device("conv2d", {&x, &w});
@@ -110,9 +151,11 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
     check_shape("conv2d", bias, {w.size(0)}, "bias");
     b = bias.contiguous();
   }
-  Tensor y(ys, x.dtype(), x.device());
-  backend_for(x.device()).conv2d_forward(x.contiguous(), w.contiguous(), b, p, y);
-  return y;
+  Backend& be = backend_for(x.device());
+  const MemoryFormat want = conv_format(x, w), fmt = kernel_format(be, want);
+  Tensor y(ys, x.dtype(), x.device(), fmt);
+  be.conv2d_forward(x.contiguous(fmt), w.contiguous(fmt), b, p, y);
+  return in_format(y, fmt, want);
 }
 
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
@@ -122,9 +165,11 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dPara
   check_same_dtype(op, {&dy, &w});
   check_floating(op, dy);
   check_shape(op, dy, conv_out_shape(op, x_shape, w.shape(), p), "dy");
-  Tensor dx(x_shape, dy.dtype(), dy.device());
-  backend_for(dy.device()).conv2d_backward_input(dy.contiguous(), w.contiguous(), p, dx);
-  return dx;
+  Backend& be = backend_for(dy.device());
+  const MemoryFormat want = conv_format(dy, w), fmt = kernel_format(be, want);
+  Tensor dx(x_shape, dy.dtype(), dy.device(), fmt);
+  be.conv2d_backward_input(dy.contiguous(fmt), w.contiguous(fmt), p, dx);
+  return in_format(dx, fmt, want);
 }
 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
@@ -135,11 +180,18 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
   check_same_dtype(op, {&x, &dy});
   check_floating(op, x);
   check_shape(op, dy, conv_out_shape(op, x.shape(), w_shape, p), "dy");
-  Tensor dw(w_shape, x.dtype(), x.device());
+  Backend& be = backend_for(x.device());
+  const MemoryFormat want = conv_format(x, dy), fmt = kernel_format(be, want);
+  Tensor dw(w_shape, x.dtype(), x.device(), fmt);
   Tensor db = with_bias ? Tensor({w_shape[0]}, x.dtype(), x.device()) : Tensor();
-  backend_for(x.device()).conv2d_backward_weight(x.contiguous(), dy.contiguous(), p, dw, db);
-  return {dw, db};
+  be.conv2d_backward_weight(x.contiguous(fmt), dy.contiguous(fmt), p, dw, db);
+  return {in_format(dw, fmt, want), db};
 }
+
+// Batch norm keeps the format of its input: a 4-D channels-last x gives channels-last y and dx.
+namespace {
+MemoryFormat bn_format(const Tensor& x) { return suggest_memory_format(x); }
+}  // namespace
 
 // ---- pooling ----------------------------------------------------------------------------
 
@@ -273,12 +325,14 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   TANDEM_CHECK(c > 0 && x.numel() / c > 1, Value, op,
                ": training needs more than one value per channel, got input ",
                shape_str(x.shape()));
-  BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
+  Backend& be = backend_for(x.device());
+  const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
+  BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, x.dtype(), x.device()),
                     Tensor({c}, x.dtype(), x.device())};
-  backend_for(x.device())
-      .batch_norm_forward_train(x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
-                                running_mean, running_var, momentum, eps, r.y, r.save_mean,
-                                r.save_invstd);
+  be.batch_norm_forward_train(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
+                              running_mean, running_var, momentum, eps, r.y, r.save_mean,
+                              r.save_invstd);
+  r.y = in_format(r.y, fmt, want);
   return r;
 }
 
@@ -288,11 +342,12 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
   const int64_t c = x.size(1);
-  Tensor y(x.shape(), x.dtype(), x.device());
-  backend_for(x.device())
-      .batch_norm_forward_eval(x.contiguous(), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
-                               running_mean.contiguous(), running_var.contiguous(), eps, y);
-  return y;
+  Backend& be = backend_for(x.device());
+  const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
+  Tensor y(x.shape(), x.dtype(), x.device(), fmt);
+  be.batch_norm_forward_eval(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
+                             running_mean.contiguous(), running_var.contiguous(), eps, y);
+  return in_format(y, fmt, want);
 }
 
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -303,12 +358,13 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   check_bn_args(op, x, {&gamma, &save_mean, &save_invstd});
   check_shape(op, dy, x.shape(), "dy");
   const int64_t c = x.size(1);
-  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device()), Tensor({c}, x.dtype(), x.device()),
+  Backend& be = backend_for(x.device());
+  const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
+  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, x.dtype(), x.device()),
                    Tensor({c}, x.dtype(), x.device())};
-  backend_for(x.device())
-      .batch_norm_backward(dy.contiguous(), x.contiguous(), or_full(gamma, c, 1.0, x),
-                           save_mean.contiguous(), save_invstd.contiguous(), g.dx, g.dgamma,
-                           g.dbeta);
+  be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), or_full(gamma, c, 1.0, x),
+                         save_mean.contiguous(), save_invstd.contiguous(), g.dx, g.dgamma, g.dbeta);
+  g.dx = in_format(g.dx, fmt, want);
   return g;
 }
 
@@ -331,8 +387,9 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
                  " needs a momentum buffer");
     check_optim_arg(op, param, momentum_buf, "momentum_buf");
     check_in_place(op, momentum_buf, "momentum_buf");
+    check_state_layout(op, param, momentum_buf, "momentum_buf");
   }
-  backend_for(param.device()).sgd_step(param, grad.contiguous(), momentum_buf, p);
+  backend_for(param.device()).sgd_step(param, layout_of(grad, param), momentum_buf, p);
 }
 
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
@@ -346,10 +403,12 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const T
   check_in_place(op, param, "param");
   check_in_place(op, m, "m");
   check_in_place(op, v, "v");
+  check_state_layout(op, param, m, "m");
+  check_state_layout(op, param, v, "v");
   TANDEM_CHECK(p.step >= 1, Value, op, ": step is 1-based, got ", p.step);
   TANDEM_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, Value, op,
                ": betas must be in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
-  backend_for(param.device()).adam_step(param, grad.contiguous(), m, v, p);
+  backend_for(param.device()).adam_step(param, layout_of(grad, param), m, v, p);
 }
 
 }  // namespace tandem::kernels

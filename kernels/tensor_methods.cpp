@@ -46,6 +46,10 @@ void Tensor::copy_(const Tensor& src) const {
     backend_for(device()).copy(s, *this);
     return;
   }
+  if (dtype() == s.dtype() && s.strides() == strides() && is_non_overlapping_and_dense()) {
+    copy_between_devices(s, *this);  // the same dense layout on both sides (channels-last too)
+    return;
+  }
   Tensor sc = s.contiguous();  // on the source device
   if (is_contiguous() && dtype() == sc.dtype()) {
     copy_between_devices(sc, *this);
@@ -61,13 +65,17 @@ void Tensor::fill_(double value) const {
   if (numel() > 0) backend_for(device()).fill(*this, value);
 }
 
-Tensor Tensor::contiguous() const {
-  if (is_contiguous()) return *this;
-  return clone();
+Tensor Tensor::contiguous() const { return contiguous(MemoryFormat::Contiguous); }
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (is_contiguous(format)) return *this;
+  Tensor out(shape(), dtype(), device(), format);
+  out.copy_(*this);
+  return out;
 }
 
 Tensor Tensor::clone() const {
-  Tensor out(shape(), dtype(), device());
+  Tensor out(shape(), dtype(), device(), suggest_memory_format(*this));
   out.copy_(*this);
   return out;
 }
@@ -78,7 +86,7 @@ Tensor Tensor::to(DType t) const { return to(device(), t); }
 Tensor Tensor::to(Device d, DType t) const {
   if (d == device() && t == dtype()) return *this;
   check_device_exists(d);
-  Tensor out(shape(), t, d);
+  Tensor out(shape(), t, d, suggest_memory_format(*this));
   out.copy_(*this);
   return out;
 }
@@ -115,8 +123,17 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
+  check_device_exists(device);
+  return Tensor(shape, dtype, device, format);
+}
+
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device(), suggest_memory_format(t)); }
+Tensor zeros_like(const Tensor& t) {
+  Tensor z = empty_like(t);
+  z.zero_();
+  return z;
+}
 
 Tensor arange(int64_t start, int64_t end, int64_t step, DType dtype, Device device) {
   TANDEM_CHECK(step != 0, Value, "arange: step must not be 0");

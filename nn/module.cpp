@@ -13,13 +13,27 @@ namespace {
 // its hooks and every other handle to it): only storage, strides and offset change.
 void move_in_place(const Tensor& t, Device d) {
   if (t.device() == d) return;
-  Tensor moved = t.contiguous().to(d);
+  Tensor moved = t.contiguous(suggest_memory_format(t)).to(d);  // dense, in its memory format
   TensorImpl* impl = t.impl();
   impl->storage = moved.storage();
   impl->strides = moved.strides();
   impl->offset = moved.offset();
   Tensor g = t.grad();
   if (g.defined()) t.set_grad(g.to(d));
+}
+
+// Lays t out in `format` keeping its TensorImpl, as move_in_place. A channels-last tensor gets
+// exactly the channels-last strides (strides_for), even where size-1 dims would let the
+// contiguous ones address the same memory: suggest_memory_format, and so the ops, read them.
+void reformat_in_place(const Tensor& t, MemoryFormat format) {
+  if (t.dim() != 4 || t.strides() == strides_for(t.shape(), format)) return;
+  Tensor laid(t.shape(), t.dtype(), t.device(), format);
+  laid.copy_(t.detach());
+  TensorImpl* impl = t.impl();
+  impl->storage = laid.storage();
+  impl->strides = laid.strides();
+  impl->offset = laid.offset();
+  if (t.grad().defined()) t.set_grad(Tensor());
 }
 
 // A fresh leaf holding a copy of t's values.
@@ -187,6 +201,14 @@ Module& Module::to(Device d) {
   for (auto& [name, b] : buffers_) move_in_place(b, d);
   device_ = d;
   for (auto& [name, c] : children_) c->to(d);
+  return *this;
+}
+
+Module& Module::to(MemoryFormat format) {
+  NoGradGuard no_grad;
+  for (auto& [name, p] : parameters_) reformat_in_place(p, format);
+  for (auto& [name, b] : buffers_) reformat_in_place(b, format);
+  for (auto& [name, c] : children_) c->to(format);
   return *this;
 }
 

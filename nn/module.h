@@ -115,6 +115,11 @@ class Module {
   // Moves every parameter and buffer of the tree to d in place (see the header note) and pins
   // every module of the tree to d. Throws DeviceError for a device that does not exist.
   Module& to(Device d);
+  // Lays out every 4-D parameter and buffer of the tree in `format`, in place like to(d)
+  // (PyTorch's module.to(memory_format=torch.channels_last)). A convolution whose weight is
+  // channels-last runs channels-last and writes channels-last activations, and the layers
+  // after it keep that format (Note [memory formats] in core/tensor.h). Gradients are dropped.
+  Module& to(MemoryFormat format);
   // The device of the module's tensors (cpu:0 for a module that has none and was never moved).
   Device device() const { return device_.value_or(kCPU); }
 

@@ -34,7 +34,8 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // The safetensors names of the dtypes tandem has.
 constexpr std::pair<DType, const char*> kDTypeNames[] = {
-    {DType::Float32, "F32"}, {DType::Float64, "F64"}, {DType::Int64, "I64"}, {DType::UInt8, "U8"}};
+    {DType::Float32, "F32"}, {DType::Float64, "F64"}, {DType::Int64, "I64"}, {DType::UInt8, "U8"},
+    {DType::BFloat16, "BF16"}};
 
 const char* st_dtype(DType t) {
   for (const auto& [d, name] : kDTypeNames)

@@ -11,9 +11,9 @@
 //   the rest     the data section: each tensor's bytes, row-major, little-endian, at
 //                [begin, end) counted from the start of the data section.
 // The tensors' byte ranges are back to back and cover the data section exactly (no gaps, no
-// overlap, no trailing bytes), as the format requires. tandem reads and writes F32, F64, I64
-// and U8 (float32, float64, int64, uint8); other dtypes (F16, BF16, I32, BOOL, ...) are a
-// FormatError naming the tensor.
+// overlap, no trailing bytes), as the format requires. tandem reads and writes F32, F64, I64,
+// U8 and BF16 (float32, float64, int64, uint8, bfloat16); other dtypes (F16, I32, BOOL, ...)
+// are a FormatError naming the tensor.
 //
 // Writers put the tensors in state-dict order and add two metadata entries: "format": "pt"
 // (what Hugging Face's loaders expect of a PyTorch file) and "tandem.checksum", the CRC-32 of

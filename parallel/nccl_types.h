@@ -14,6 +14,7 @@ inline ncclDataType_t nccl_type(DType t) {
     case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
     case DType::UInt8: return ncclUint8;
+    case DType::BFloat16: return ncclBfloat16;
   }
   TANDEM_THROW(DType, "nccl: unsupported dtype ", dtype_name(t));
 }

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "core/error.h"
 #include "kernels/backend.h"
@@ -64,6 +65,8 @@ void DeviceWorkers::loop(size_t rank) {
     seen = generation_;
     const auto* job = job_;
     const bool grad = grad_enabled_;
+    const bool autocast = autocast_enabled_;
+    const DType autocast_dt = autocast_dtype_;
     const Stream stream = streams_[rank];
     lock.unlock();
 
@@ -72,6 +75,8 @@ void DeviceWorkers::loop(size_t rank) {
       // The device stays current between runs: set it only the first time.
       if (current_device() != devices_[rank]) set_current_device(devices_[rank]);
       set_grad_enabled(grad);
+      set_autocast_dtype(autocast_dt);
+      set_autocast_enabled(autocast);
       StreamGuard stream_guard(stream);
       (*job)(rank);
     } catch (...) {
@@ -91,6 +96,8 @@ void DeviceWorkers::run(const std::function<void(size_t rank)>& fn) {
   std::unique_lock<std::mutex> lock(mu_);
   job_ = &fn;
   grad_enabled_ = grad_enabled();
+  autocast_enabled_ = is_autocast_enabled();
+  autocast_dtype_ = autocast_dtype();
   for (size_t rank = 0; rank < devices_.size(); ++rank) {
     streams_[rank] = current_stream(devices_[rank]);
     errors_[rank] = nullptr;

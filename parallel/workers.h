@@ -15,7 +15,8 @@
 //     what the caller enqueued (e.g. the scatter of the batch) and before what the caller
 //     enqueues afterwards (e.g. the allreduce);
 //   - has the caller's grad mode (grad mode is thread-local; a run under NoGradGuard records
-//     no history on any device).
+//     no history on any device) and autocast state (a run under AutocastGuard computes its
+//     matrix products in bfloat16 on every device, autograd/autocast.h).
 // run() returns when every worker has finished. An exception in a worker is rethrown to the
 // caller, with the same tandem error type and the message prefixed by the worker's rank and
 // device; if several workers fail, the first by rank is rethrown and the message says how
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/stream.h"
 
 namespace tandem::parallel {
@@ -63,6 +65,8 @@ class DeviceWorkers {
   bool stop_ = false;
   const std::function<void(size_t)>* job_ = nullptr;
   bool grad_enabled_ = true;
+  bool autocast_enabled_ = false;
+  DType autocast_dtype_ = kBFloat16;
   std::vector<Stream> streams_;             // the caller's current stream per device
   size_t pending_ = 0;                      // workers still running the current job
   std::vector<std::exception_ptr> errors_;  // per rank, for the current job

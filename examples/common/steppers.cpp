@@ -38,6 +38,14 @@ namespace {
 
 namespace dist = parallel::dist;
 
+// The program's model, in the memory format the flags ask for (Note [memory formats] in
+// core/tensor.h): set before the model is moved, replicated or coalesced, which all keep it.
+std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg) {
+  std::shared_ptr<nn::Module> m = cfg.make_model();
+  if (cfg.channels_last) m->to(MemoryFormat::ChannelsLast);
+  return m;
+}
+
 // Traces only the first few steps of the run: enough for a timeline picture, and recording
 // every step of an epoch would keep thousands of events alive.
 constexpr int64_t kTracedSteps = 5;
@@ -54,7 +62,7 @@ constexpr int64_t kTracedSteps = 5;
 class SingleDeviceStepper final : public Stepper {
  public:
   explicit SingleDeviceStepper(const TrainConfig& cfg)
-      : model_(cfg.make_model()),
+      : model_(build_model(cfg)),
         graph_([this](const std::vector<Tensor>& in) { train_step(in[0], in[1]); },
                {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph && cfg.optimizer != "adam"}) {
     const Device d = cfg.devices.front();
@@ -110,7 +118,7 @@ class SingleDeviceStepper final : public Stepper {
 class ScratchStepper final : public Stepper {
  public:
   explicit ScratchStepper(const TrainConfig& cfg)
-      : trainer_(cfg.make_model(), cfg.devices, cfg.comm,
+      : trainer_(build_model(cfg), cfg.devices, cfg.comm,
                  [cfg](std::vector<Tensor> ps) { return make_optimizer(cfg, std::move(ps)); }) {
     trainer_.module().train();
     if (!cfg.trace.empty()) {
@@ -160,7 +168,7 @@ class ScratchStepper final : public Stepper {
 
 class DataParallelStepper final : public Stepper {
  public:
-  explicit DataParallelStepper(const TrainConfig& cfg) : dp_(cfg.make_model(), cfg.devices) {
+  explicit DataParallelStepper(const TrainConfig& cfg) : dp_(build_model(cfg), cfg.devices) {
     dp_.train();
     opt_ = make_optimizer(cfg, dp_.parameters());
   }
@@ -199,7 +207,7 @@ dist::DistributedDataParallelOptions ddp_options(const TrainConfig& cfg) {
 class DdpStepper final : public Stepper {
  public:
   explicit DdpStepper(const TrainConfig& cfg)
-      : group_(cfg.group), seed_(cfg.seed), ddp_(cfg.make_model(), cfg.group, ddp_options(cfg)) {
+      : group_(cfg.group), seed_(cfg.seed), ddp_(build_model(cfg), cfg.group, ddp_options(cfg)) {
     ddp_.train();
     opt_ = make_optimizer(cfg, ddp_.parameters());
     if (!cfg.trace.empty()) {

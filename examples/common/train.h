@@ -60,6 +60,7 @@ struct TrainConfig {
   double bucket_cap_mb = 25.0;          // DDP's bucket size
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
   bool cuda_graph = true;               // one device: capture the step in a CUDA graph (core/cuda_graph.h)
+  bool channels_last = false;           // 4-D weights, and so activations, channels-last (Note [memory formats])
 };
 
 // Whether this process reports (prints, draws the progress bar, writes the CSV): the one

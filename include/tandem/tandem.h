@@ -9,6 +9,7 @@
 // the store's wire protocol).
 
 // core: tensors, devices, dtypes, streams, generators, errors
+#include "core/bfloat16.h"
 #include "core/cuda_graph.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -21,8 +22,9 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 
-// autograd: differentiable ops, grad mode, the engine, gradcheck
+// autograd: differentiable ops, grad mode, autocast, the engine, gradcheck
 #include "autograd/anomaly.h"
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"

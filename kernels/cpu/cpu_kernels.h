@@ -73,10 +73,10 @@ class CpuBackend final : public Backend {
                  const AdamParams& p) override;
 };
 
-// Accumulator type of sums: double for floating types (float32 sums of 10^6 terms lose
-// digits otherwise), int64 for integers.
+// Accumulator type of sums: double for floating types, bfloat16 included (float32 sums of
+// 10^6 terms lose digits otherwise), int64 for integers.
 template <typename T>
-using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+using acc_t = std::conditional_t<is_floating_type_v<T>, double, int64_t>;
 
 // Row-major BLAS gemm on raw pointers (matmul.cpp): C = alpha * op(A) @ op(B) + beta * C with
 // op(A) [M, K], op(B) [K, N], C [M, N] and leading dimensions lda, ldb, ldc.

@@ -1,5 +1,6 @@
 // Elementwise kernels: fill, copy (with dtype conversion), unary, binary, scalar, axpby.
-// All take arbitrary strides; the loops live in map1/map2 (cpu_kernels.h).
+// All take arbitrary strides; the loops live in map1/map2 (cpu_kernels.h). bfloat16 computes
+// in float and rounds once per element (Note [bfloat16 arithmetic] in core/bfloat16.h).
 //
 // Note [no-trapping-math]: with GCC's default -ftrapping-math a floating-point comparison may
 // raise an FP exception flag, so `x > 0 ? x : 0` (relu, max, clamps) is kept as a branch and the
@@ -20,8 +21,9 @@ namespace tandem::cpu {
 
 namespace {
 
+// Float-only ops exist for float32, float64 and bfloat16.
 template <typename T>
-constexpr bool kFloat = std::is_floating_point_v<T>;
+constexpr bool kFloat = is_floating_type_v<T>;
 
 // max/min that propagate NaN from either side, as torch.maximum does.
 template <typename T>
@@ -86,22 +88,29 @@ TANDEM_VECTOR_CLONES void sigmoid_contiguous(const float* x, float* y, int64_t n
   for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + exp_fast(-x[i]));
 }
 
+// Every op computes in C = opmath_t<T> (float for bfloat16, T itself otherwise) and rounds
+// once at the end (Note [bfloat16 arithmetic]); for the other dtypes the casts are no-ops.
 template <typename T>
 void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
+  using C = opmath_t<T>;
+  // f applied in C to each element.
+  auto run = [&](auto f) {
+    map1<T, T>(x, out, [f](T v) { return static_cast<T>(f(static_cast<C>(v))); });
+  };
   switch (op) {
     case UnaryOp::Neg:
-      return map1<T, T>(x, out, [](T v) { return static_cast<T>(-v); });
+      return run([](C v) { return static_cast<C>(-v); });
     case UnaryOp::Relu:
-      return map1<T, T>(x, out, [](T v) { return v > T(0) ? v : T(0); });
+      return run([](C v) { return v > C(0) ? v : C(0); });
     case UnaryOp::Abs:
-      return map1<T, T>(x, out, [](T v) {
-        if constexpr (std::is_unsigned_v<T>)
+      return run([](C v) {
+        if constexpr (std::is_unsigned_v<C>)
           return v;
         else
-          return v < T(0) ? static_cast<T>(-v) : v;
+          return v < C(0) ? static_cast<C>(-v) : v;
       });
     case UnaryOp::Square:
-      return map1<T, T>(x, out, [](T v) { return static_cast<T>(v * v); });
+      return run([](C v) { return static_cast<C>(v * v); });
     default:
       break;
   }
@@ -115,18 +124,18 @@ void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
   if constexpr (kFloat<T>) {
     switch (op) {
       case UnaryOp::Exp:
-        return map1<T, T>(x, out, [](T v) { return exp_t(v); });
+        return run([](C v) { return exp_t(v); });
       case UnaryOp::Log:
-        return map1<T, T>(x, out, [](T v) { return std::log(v); });
+        return run([](C v) { return std::log(v); });
       // 1 / (1 + e^-x) saturates cleanly at both ends: e^-x = inf gives exactly 0.
       case UnaryOp::Sigmoid:
-        return map1<T, T>(x, out, [](T v) { return T(1) / (T(1) + exp_t(-v)); });
+        return run([](C v) { return C(1) / (C(1) + exp_t(-v)); });
       case UnaryOp::Tanh:
-        return map1<T, T>(x, out, [](T v) { return std::tanh(v); });
+        return run([](C v) { return std::tanh(v); });
       case UnaryOp::Sqrt:
-        return map1<T, T>(x, out, [](T v) { return std::sqrt(v); });
+        return run([](C v) { return std::sqrt(v); });
       case UnaryOp::Reciprocal:
-        return map1<T, T>(x, out, [](T v) { return T(1) / v; });
+        return run([](C v) { return C(1) / v; });
       default:
         break;
     }
@@ -137,32 +146,37 @@ void unary_typed(UnaryOp op, const Tensor& x, const Tensor& out) {
 
 template <typename T>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  using C = opmath_t<T>;
+  auto run = [&](auto f) {
+    map2<T>(a, b, out,
+            [f](T x, T y) { return static_cast<T>(f(static_cast<C>(x), static_cast<C>(y))); });
+  };
   switch (op) {
     case BinaryOp::Add:
-      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
+      return run([](C x, C y) { return static_cast<C>(x + y); });
     case BinaryOp::Sub:
-      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
+      return run([](C x, C y) { return static_cast<C>(x - y); });
     case BinaryOp::Mul:
-      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
+      return run([](C x, C y) { return static_cast<C>(x * y); });
     case BinaryOp::Max:
-      return map2<T>(a, b, out, [](T x, T y) { return max_nan(x, y); });
+      return run([](C x, C y) { return max_nan(x, y); });
     case BinaryOp::Min:
-      return map2<T>(a, b, out, [](T x, T y) { return min_nan(x, y); });
+      return run([](C x, C y) { return min_nan(x, y); });
     case BinaryOp::Eq:
-      return map2<T>(a, b, out, [](T x, T y) { return x == y ? T(1) : T(0); });
+      return run([](C x, C y) { return x == y ? C(1) : C(0); });
     default:
       break;
   }
   if constexpr (kFloat<T>) {
     switch (op) {
       case BinaryOp::Div:
-        return map2<T>(a, b, out, [](T x, T y) { return x / y; });
+        return run([](C x, C y) { return x / y; });
       case BinaryOp::ReluBackward:
-        return map2<T>(a, b, out, [](T g, T x) { return x > T(0) ? g : T(0); });
+        return run([](C g, C x) { return x > C(0) ? g : C(0); });
       case BinaryOp::SigmoidBackward:
-        return map2<T>(a, b, out, [](T g, T y) { return g * y * (T(1) - y); });
+        return run([](C g, C y) { return g * y * (C(1) - y); });
       case BinaryOp::TanhBackward:
-        return map2<T>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
+        return run([](C g, C y) { return g * (C(1) - y * y); });
       default:
         break;
     }
@@ -171,30 +185,36 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
                dtype_name(a.dtype()));
 }
 
+// The scalar stays in C: a bfloat16 tensor times 0.1 multiplies by float 0.1, not by 0.1
+// rounded to bfloat16 (PyTorch keeps scalars in opmath precision too).
 template <typename T>
 void scalar_typed(ScalarOp op, const Tensor& x, double s, const Tensor& out) {
-  const T sv = static_cast<T>(s);
+  using C = opmath_t<T>;
+  const C sv = static_cast<C>(s);
+  auto run = [&](auto f) {
+    map1<T, T>(x, out, [f](T v) { return static_cast<T>(f(static_cast<C>(v))); });
+  };
   switch (op) {
     case ScalarOp::Add:
-      return map1<T, T>(x, out, [sv](T v) { return static_cast<T>(v + sv); });
+      return run([sv](C v) { return static_cast<C>(v + sv); });
     case ScalarOp::Mul:
-      return map1<T, T>(x, out, [sv](T v) { return static_cast<T>(v * sv); });
+      return run([sv](C v) { return static_cast<C>(v * sv); });
     case ScalarOp::RSub:
-      return map1<T, T>(x, out, [sv](T v) { return static_cast<T>(sv - v); });
+      return run([sv](C v) { return static_cast<C>(sv - v); });
     default:
       break;
   }
   if constexpr (kFloat<T>) {
     switch (op) {
       case ScalarOp::RDiv:
-        return map1<T, T>(x, out, [sv](T v) { return sv / v; });
+        return run([sv](C v) { return sv / v; });
       case ScalarOp::Pow:
         // The common exponents skip std::pow: it is slow and not vectorizable.
-        if (s == 2.0) return map1<T, T>(x, out, [](T v) { return v * v; });
-        if (s == 1.0) return map1<T, T>(x, out, [](T v) { return v; });
-        if (s == 0.5) return map1<T, T>(x, out, [](T v) { return std::sqrt(v); });
-        if (s == -1.0) return map1<T, T>(x, out, [](T v) { return T(1) / v; });
-        return map1<T, T>(x, out, [sv](T v) { return std::pow(v, sv); });
+        if (s == 2.0) return run([](C v) { return v * v; });
+        if (s == 1.0) return run([](C v) { return v; });
+        if (s == 0.5) return run([](C v) { return std::sqrt(v); });
+        if (s == -1.0) return run([](C v) { return C(1) / v; });
+        return run([sv](C v) { return std::pow(v, sv); });
       default:
         break;
     }
@@ -257,15 +277,19 @@ void CpuBackend::scalar(ScalarOp op, const Tensor& x, double s, const Tensor& ou
 void CpuBackend::axpby(double alpha, const Tensor& x, double beta, const Tensor& out) {
   dispatch_all(x.dtype(), "axpby", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    using C = opmath_t<T>;
+    const C al = static_cast<C>(alpha), be = static_cast<C>(beta);
     // beta == 0 ignores out's old contents (as BLAS does), so uninitialized memory or NaNs in
     // it never leak into the result.
     if (beta == 0.0) {
-      map2<T>(x, out, out, [al](T v, T) { return static_cast<T>(al * v); });
+      map2<T>(x, out, out, [al](T v, T) { return static_cast<T>(al * static_cast<C>(v)); });
     } else if (alpha == 1.0 && beta == 1.0) {
-      map2<T>(x, out, out, [](T v, T o) { return static_cast<T>(v + o); });
+      map2<T>(x, out, out,
+              [](T v, T o) { return static_cast<T>(static_cast<C>(v) + static_cast<C>(o)); });
     } else {
-      map2<T>(x, out, out, [al, be](T v, T o) { return static_cast<T>(al * v + be * o); });
+      map2<T>(x, out, out, [al, be](T v, T o) {
+        return static_cast<T>(al * static_cast<C>(v) + be * static_cast<C>(o));
+      });
     }
   });
 }

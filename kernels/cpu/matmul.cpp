@@ -2,6 +2,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -50,16 +52,49 @@ void gemm_raw(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, c
   gemm_checked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, cblas_dgemm);
 }
 
+namespace {
+
+std::vector<float> to_float(const BFloat16* p, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
+  return out;
+}
+
+// Note [bfloat16 gemm on the CPU]: OpenBLAS has no bfloat16 product in every build, so the
+// operands are widened to float32 (exact), multiplied by sgemm and the result rounded once:
+// the same numbers as cuBLAS's bfloat16 gemm with float32 compute, up to the order of the
+// float32 sums. It costs a float32 copy of each operand; the CPU path is the reference, not
+// the fast one.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const Tensor& a, const Tensor& b, float beta, const Tensor& c) {
+  const std::vector<float> fa = to_float(static_cast<const BFloat16*>(a.raw_data()), a.numel());
+  const std::vector<float> fb = to_float(static_cast<const BFloat16*>(b.raw_data()), b.numel());
+  BFloat16* pc = static_cast<BFloat16*>(c.raw_data());
+  // beta == 0 never reads c (it may hold NaNs or uninitialized memory), as BLAS does.
+  std::vector<float> fc = beta == 0.0f ? std::vector<float>(static_cast<size_t>(m * n))
+                                       : to_float(pc, m * n);
+  gemm_raw(trans_a, trans_b, m, n, k, alpha, fa.data(), a.size(1), fb.data(), b.size(1), beta,
+           fc.data(), n);
+  for (int64_t i = 0; i < m * n; ++i) pc[i] = BFloat16(fc[i]);
+}
+
+}  // namespace
+
 void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                       double beta, const Tensor& c) {
   const int64_t m = c.size(0), n = c.size(1);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
-  dispatch_floating(c.dtype(), "gemm", [&](auto tag) {
+  dispatch_floating_bf16(c.dtype(), "gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Row-major storage: the leading dimension is the stored row length.
-    gemm_raw(trans_a, trans_b, m, n, k, static_cast<T>(alpha), static_cast<const T*>(a.raw_data()),
-             a.size(1), static_cast<const T*>(b.raw_data()), b.size(1), static_cast<T>(beta),
-             static_cast<T*>(c.raw_data()), n);
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      gemm_bf16(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, b,
+                static_cast<float>(beta), c);
+    } else {
+      // Row-major storage: the leading dimension is the stored row length.
+      gemm_raw(trans_a, trans_b, m, n, k, static_cast<T>(alpha),
+               static_cast<const T*>(a.raw_data()), a.size(1), static_cast<const T*>(b.raw_data()),
+               b.size(1), static_cast<T>(beta), static_cast<T*>(c.raw_data()), n);
+    }
   });
 }
 

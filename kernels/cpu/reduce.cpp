@@ -1,5 +1,6 @@
 // Row reductions: the dispatcher permutes the reduced dims to the end and makes the input
 // contiguous, so every reduction here is over the contiguous rows of an [R, C] matrix.
+// bfloat16 sums accumulate in double, like float32, and round once when stored.
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace tandem::cpu {
@@ -12,13 +13,14 @@ template <typename T>
 acc_t<T> sum_row(const T* x, int64_t n) {
   acc_t<T> s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   int64_t i = 0;
+  using A = acc_t<T>;
   for (; i + 4 <= n; i += 4) {
-    s0 += x[i];
-    s1 += x[i + 1];
-    s2 += x[i + 2];
-    s3 += x[i + 3];
+    s0 += static_cast<A>(x[i]);
+    s1 += static_cast<A>(x[i + 1]);
+    s2 += static_cast<A>(x[i + 2]);
+    s3 += static_cast<A>(x[i + 3]);
   }
-  for (; i < n; ++i) s0 += x[i];
+  for (; i < n; ++i) s0 += static_cast<A>(x[i]);
   return (s0 + s1) + (s2 + s3);
 }
 

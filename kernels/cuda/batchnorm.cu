@@ -1,4 +1,5 @@
-// Batch normalization over [N, C, H*W] (H*W = 1 for [N, C] inputs), per channel, with own
+// Batch normalization over [N, C, H*W] (H*W = 1 for [N, C] inputs), or over a channels-last
+// [N * H * W, C] (Note [channels-last channel reductions]), per channel, with own
 // kernels that follow kernels/cpu/batchnorm.cpp: statistics in double, the biased variance for
 // normalizing, the unbiased one for running_var.
 //
@@ -17,10 +18,39 @@ namespace tandem {
 namespace gpu {
 namespace {
 
+// A channels-last x (Note [memory formats]) is [N * H * W, C]: channel_split_last.
+bool channels_last(const Tensor& x) { return !x.is_contiguous(); }
+
 ChannelSplit bn_split(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
+  if (channels_last(x)) return channel_split_last(c == 0 ? 0 : x.numel() / c, c);
   return channel_split(n, c, n * c == 0 ? 0 : x.numel() / (n * c));
 }
+
+// Channels-last partials, in the layout of the NCHW kernels' (Note [channels-last channel
+// reductions]): sums of d and d^2, d = x - x[c] (the same sample K as bn_stats_partials).
+template <typename T>
+struct BnStatsLast {
+  const T* x;
+  __device__ void operator()(int64_t c, int64_t i, double* sums) const {
+    const double d = static_cast<double>(x[i]) - static_cast<double>(x[c]);
+    sums[0] += d;
+    sums[1] += d * d;
+  }
+};
+
+// Sums of dy and dy * (x - mean).
+template <typename T>
+struct BnGradLast {
+  const T* dy;
+  const T* x;
+  const T* save_mean;
+  __device__ void operator()(int64_t c, int64_t i, double* sums) const {
+    const double d = static_cast<double>(dy[i]);
+    sums[0] += d;
+    sums[1] += d * (static_cast<double>(x[i]) - static_cast<double>(save_mean[c]));
+  }
+};
 
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of d and d^2 over the group, d = x - x[c, first].
 template <int VEC, typename T>
@@ -45,19 +75,16 @@ __global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
   }
 }
 
-// One thread per channel: mean, variance, running statistics, and coef[c * 3 + {0,1,2}] =
+// One warp per channel (lane 0 writes): mean, variance, running statistics, and coef[c * 3 + {0,1,2}] =
 // (mean, gamma * invstd, beta) for the elementwise pass.
 template <typename T>
 __global__ void bn_stats_finish(const T* x, const double* partial, const T* gamma, const T* beta,
                                 T* running_mean, T* running_var, double momentum, double eps,
                                 T* save_mean, T* save_invstd, T* coef, ChannelSplit g) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= g.c) return;
-  double s1 = 0, s2 = 0;
-  for (int64_t s = 0; s < g.splits; ++s) {
-    s1 += partial[(c * g.splits + s) * 2];
-    s2 += partial[(c * g.splits + s) * 2 + 1];
-  }
+  double sums[2];
+  const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
+  if (c >= g.c || threadIdx.x % 32 != 0) return;
+  const double s1 = sums[0], s2 = sums[1];
   const double m = static_cast<double>(g.n * g.hw);
   const double dmean = s1 / m;
   const double var = fmax(s2 / m - dmean * dmean, 0.0);
@@ -123,13 +150,10 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const T* save_mean, do
 template <typename T>
 __global__ void bn_grad_finish(const double* partial, const T* gamma, const T* save_mean,
                                const T* save_invstd, T* dgamma, T* dbeta, T* coef, ChannelSplit g) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= g.c) return;
-  double sdy = 0, sdyx = 0;
-  for (int64_t s = 0; s < g.splits; ++s) {
-    sdy += partial[(c * g.splits + s) * 2];
-    sdyx += partial[(c * g.splits + s) * 2 + 1];
-  }
+  double sums[2];
+  const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
+  if (c >= g.c || threadIdx.x % 32 != 0) return;
+  const double sdy = sums[0], sdyx = sums[1];
   const double m = static_cast<double>(g.n * g.hw);
   const double invstd = save_invstd[c];
   const double dg = sdyx * invstd;
@@ -167,18 +191,22 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
   Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
-      gpu::bn_stats_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-          gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
-    }, gpu::cptr<T>(x));
+    if (gpu::channels_last(x)) {
+      gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
+          g, gpu::BnStatsLast<T>{gpu::cptr<T>(x)}, gpu::ptr<double>(partial));
+    } else {
+      gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+        gpu::bn_stats_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+            gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
+      }, gpu::cptr<T>(x));
+    }
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_stats_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+    gpu::bn_stats_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(beta),
         gpu::ptr<T>(running_mean), gpu::ptr<T>(running_var), momentum, eps, gpu::ptr<T>(save_mean),
         gpu::ptr<T>(save_invstd), gpu::ptr<T>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map(gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), x.numel(), g.c, g.hw, stream,
-                     gpu::cptr<T>(x));
+    gpu::channel_map_any(x, gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
   });
 }
 
@@ -196,8 +224,7 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
         gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::cptr<T>(running_mean), gpu::cptr<T>(running_var), eps,
         gpu::ptr<T>(coef), g.c);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map(gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), x.numel(), g.c, g.hw, stream,
-                     gpu::cptr<T>(x));
+    gpu::channel_map_any(x, gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
   });
 }
 
@@ -217,17 +244,23 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
   Tensor coef = empty({g.c * 4}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
-      gpu::bn_grad_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-          gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
-    }, gpu::cptr<T>(dy), gpu::cptr<T>(x));
+    if (gpu::channels_last(x)) {
+      gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
+          g, gpu::BnGradLast<T>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean)},
+          gpu::ptr<double>(partial));
+    } else {
+      gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+        gpu::bn_grad_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
+      }, gpu::cptr<T>(dy), gpu::cptr<T>(x));
+    }
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_grad_finish<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+    gpu::bn_grad_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(save_mean),
         gpu::cptr<T>(save_invstd), gpu::ptr<T>(dgamma), gpu::ptr<T>(dbeta), gpu::ptr<T>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map(gpu::BnGradApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(dx), x.numel(), g.c, g.hw, stream,
-                     gpu::cptr<T>(dy), gpu::cptr<T>(x));
+    gpu::channel_map_any(x, gpu::BnGradApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(dx), stream, gpu::cptr<T>(dy),
+                         gpu::cptr<T>(x));
   });
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Per-channel reductions over a contiguous [N, C, HW] tensor, split across many blocks.
+// Per-channel reductions over a contiguous [N, C, HW] tensor, split across many blocks, and
+// their channels-last counterparts over [N * HW, C] (at the end).
 //
 // Note [split channel reductions]: one block per channel leaves most of the GPU idle when C is
 // small (64 channels on 132 multiprocessors) and makes each block stream megabytes alone. So a
@@ -142,18 +143,155 @@ __global__ void channel_sum_partials(const T* x, double* partial, ChannelSplit g
   if (threadIdx.x == 0) partial[c * g.splits + s] = acc;
 }
 
-// out[c] = sum of partial[c * splits .. + splits) in index order; one thread per channel.
+// Note [finishing a split reduction]: a channel's `splits` partials are added by one warp:
+// lane l takes groups l, l + 32, ... in order, and the lanes are combined by a fixed shuffle
+// tree whose result in lane 0 is the one used — deterministic, and a few hundred groups (the
+// channels-last split of a stage-1 activation has ~260) cost a few loads per lane instead of
+// one thread's serial walk. Launch with finish_grid(g) blocks of kBlock threads; the kernel
+// body then runs once per channel, in lane 0 of its warp.
+inline unsigned finish_grid(const ChannelSplit& g) {
+  return static_cast<unsigned>((g.c * 32 + kBlock - 1) / kBlock);
+}
+
+// The warp's channel (g.c or more: the warp has none), and the sums over the groups of the M
+// partials of that channel, partial[(c * splits + s) * M + m], in lane 0.
+template <int M>
+__device__ __forceinline__ int64_t finish_channel(const double* partial, const ChannelSplit& g, double (&sums)[M]) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int m = 0; m < M; ++m) sums[m] = 0;
+  if (c >= g.c) return c;  // the whole warp: c is the same for its 32 lanes
+  for (int64_t s = lane; s < g.splits; s += 32) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) sums[m] += partial[(c * g.splits + s) * M + m];
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    for (int off = 16; off > 0; off >>= 1) sums[m] += __shfl_down_sync(0xffffffffu, sums[m], off);
+  }
+  return c;
+}
+
+// out[c] = sum of partial[c * splits .. + splits) (Note [finishing a split reduction]).
 template <typename T>
 __global__ void channel_sum_finish(const double* partial, T* out, ChannelSplit g) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= g.c) return;
-  double acc = 0;
-  for (int64_t s = 0; s < g.splits; ++s) acc += partial[c * g.splits + s];
-  out[c] = static_cast<T>(acc);
+  double sums[1];
+  const int64_t c = finish_channel<1>(partial, g, sums);
+  if (c < g.c && threadIdx.x % 32 == 0) out[c] = static_cast<T>(sums[0]);
 }
 
 inline dim3 split_grid(const ChannelSplit& g) {
   return dim3(static_cast<unsigned>(g.c), static_cast<unsigned>(g.splits));
+}
+
+// ---- channels-last: [rows, C] with rows = N * H * W (Note [memory formats] in core/tensor.h) ----
+//
+// Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a block
+// takes kLastLanes consecutive channels (lane = channel) and kSplitBlock / kLastLanes rows at a
+// time: each warp reads one row's 32 channels, 128 contiguous bytes. As in the NCHW kernels,
+// the rows are cut into `splits` groups, one block per (channel tile, group); each thread sums
+// its rows in order, the block's rows are added lane by lane in a fixed order, and the same
+// finish kernels add a channel's groups in index order: deterministic, no atomics. The split is
+// a ChannelSplit with n = rows and hw = 1, so partial[(c * splits + s) * M + m] and the finish
+// kernels are those of the NCHW layout.
+constexpr int kLastLanes = 32;
+
+inline ChannelSplit channel_split_last(int64_t rows, int64_t c) {
+  ChannelSplit g{rows, c, 1, 1, rows};
+  if (rows == 0 || c == 0) return g;
+  const int64_t tiles = (c + kLastLanes - 1) / kLastLanes;
+  const int64_t by_blocks = (4 * 132 + tiles - 1) / tiles;
+  const int64_t by_work = std::max<int64_t>(1, rows * std::min<int64_t>(c, kLastLanes) / 4096);
+  g.splits = std::max<int64_t>(1, std::min({by_blocks, by_work, rows}));
+  g.per = (rows + g.splits - 1) / g.splits;
+  g.splits = (rows + g.per - 1) / g.per;
+  return g;
+}
+
+inline dim3 split_grid_last(const ChannelSplit& g) {
+  return dim3(static_cast<unsigned>((g.c + kLastLanes - 1) / kLastLanes), static_cast<unsigned>(g.splits));
+}
+
+// M partial sums per (channel, row group): acc(c, i, sums) adds element i (= row * C + c) of
+// channel c into sums[0..M). Launch with split_grid_last(g) and kSplitBlock threads.
+template <int M, typename Acc>
+__global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
+  constexpr int kRows = kSplitBlock / kLastLanes;
+  const int lane = static_cast<int>(threadIdx.x) % kLastLanes, r = static_cast<int>(threadIdx.x) / kLastLanes;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLastLanes + lane, s = blockIdx.y;
+  double sums[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) sums[m] = 0;
+  if (c < g.c) {
+    const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
+    for (int64_t row = r0 + r; row < r1; row += kRows) acc(c, row * g.c + c, sums);
+  }
+  __shared__ double shared[M][kSplitBlock];
+#pragma unroll
+  for (int m = 0; m < M; ++m) shared[m][threadIdx.x] = sums[m];
+  __syncthreads();
+  if (r == 0 && c < g.c) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      double t = 0;
+      for (int k = 0; k < kRows; ++k) t += shared[m][k * kLastLanes + lane];
+      partial[(c * g.splits + s) * M + m] = t;
+    }
+  }
+}
+
+// sums[0] += x[i]: the partials of channel_sum_finish.
+template <typename T>
+struct SumLast {
+  const T* x;
+  __device__ void operator()(int64_t, int64_t i, double* sums) const { sums[0] += static_cast<double>(x[i]); }
+};
+
+// out[i] = f(c, in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte vectors
+// when C is a multiple of the vector (a vector then holds VEC consecutive channels of one pixel).
+template <int VEC, typename Index, typename F, typename Out, typename... In>
+__global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out* out, const In*... in) {
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
+    const int64_t c0 = static_cast<int64_t>(v % channel_vecs) * VEC;
+    Vec<Out, VEC> o;
+    auto apply = [&](const Vec<In, VEC>&... x) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o.v[k] = f(c0 + k, x.v[k]...);
+    };
+    apply(reinterpret_cast<const Vec<In, VEC>*>(in)[v]...);
+    reinterpret_cast<Vec<Out, VEC>*>(out)[v] = o;
+  }
+}
+
+template <typename T, typename F, typename... In>
+void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t stream, const In*... in) {
+  if (n == 0) return;
+  with_channel_vec<T>(c, [&](auto vec) {
+    constexpr int V = vec.value;
+    const int64_t vecs = n / V;
+    if (n <= static_cast<int64_t>(INT32_MAX)) {
+      channel_map_last_kernel<V, uint32_t><<<grid_for(vecs), kBlock, 0, stream>>>(
+          static_cast<uint32_t>(vecs), static_cast<uint32_t>(c / V), f, out, in...);
+    } else {
+      channel_map_last_kernel<V, int64_t><<<grid_for(vecs), kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
+    }
+    TANDEM_CUDA_CHECK_LAUNCH();
+  }, static_cast<const T*>(out), in...);
+}
+
+// Per-channel elementwise work on a [N, C, H, W] tensor `like` (contiguous or channels-last;
+// out and in... in the same format): channel_map or channel_map_last.
+template <typename T, typename F, typename... In>
+void channel_map_any(const Tensor& like, const F& f, T* out, cudaStream_t stream, const In*... in) {
+  const int64_t n = like.numel(), c = like.size(1);
+  if (n == 0) return;
+  if (like.is_contiguous()) {
+    channel_map(f, out, n, c, n / (like.size(0) * c), stream, in...);
+  } else {
+    channel_map_last(f, out, n, c, stream, in...);
+  }
 }
 
 }  // namespace tandem::gpu

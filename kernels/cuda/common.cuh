@@ -1,4 +1,6 @@
 #pragma once
+#include <algorithm>
+#include <vector>
 // Shared pieces of the CUDA kernels: launch sizing, pointer access, the strided indexer used
 // by every elementwise op, device math that picks the float or double function, and the
 // warp/block reductions used by the row kernels (reduce, softmax, batchnorm, bias).
@@ -109,7 +111,14 @@ struct Layout {
 template <int N>
 Layout<N> make_layout(const Shape& shape, const std::array<const Strides*, N>& strides) {
   Layout<N> l;
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+  // Dims innermost first by the first operand's strides (the output's), so that operands in
+  // another dense order than row-major — channels-last (Note [memory formats]) — merge into
+  // one dense range too; row-major operands keep the plain last-to-first order.
+  std::vector<int64_t> order;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) order.push_back(d);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return (*strides[0])[a] < (*strides[0])[b]; });
+  for (int64_t d : order) {
     if (shape[d] == 1) continue;
     std::array<int64_t, N> st;
     for (int k = 0; k < N; ++k) st[k] = (*strides[k])[d];
@@ -142,18 +151,18 @@ __device__ __forceinline__ double d_pow(double x, double y) { return pow(x, y); 
 
 template <typename T>
 __host__ __device__ constexpr T lowest_value() {
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (is_floating_type_v<T>) {
     return -std::numeric_limits<T>::infinity();
   } else {
     return std::numeric_limits<T>::lowest();
   }
 }
 
-// Accumulator type of sums, as on the CPU: double for floating types (a float32 sum of 10^6
-// terms loses digits otherwise; the kernels are memory-bound, so it costs nothing), int64 for
-// integers.
+// Accumulator type of sums, as on the CPU: double for floating types, bfloat16 included (a
+// float32 sum of 10^6 terms loses digits otherwise; the kernels are memory-bound, so it costs
+// nothing), int64 for integers.
 template <typename T>
-using acc_t = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+using acc_t = std::conditional_t<is_floating_type_v<T>, double, int64_t>;
 
 // ---- warp and block reductions ---------------------------------------------------------------
 //
@@ -172,6 +181,12 @@ struct ArgMax {
 template <typename T>
 __device__ __forceinline__ T shfl_xor(T v, int mask) {
   return static_cast<T>(__shfl_xor_sync(0xffffffffu, v, mask));
+}
+// bfloat16 travels as its bits (a conversion to float and back would be exact too, but
+// costs two instructions more).
+__device__ __forceinline__ BFloat16 shfl_xor(BFloat16 v, int mask) {
+  return BFloat16::from_bits(
+      static_cast<uint16_t>(__shfl_xor_sync(0xffffffffu, static_cast<unsigned>(v.bits), mask)));
 }
 template <typename T>
 __device__ __forceinline__ ArgMax<T> shfl_xor(ArgMax<T> v, int mask) {

@@ -142,6 +142,12 @@ struct BwdFilterPass {
 
 bool benchmark_mode() { return cudnn_benchmark(); }
 
+// The dispatcher passes the three tensors of a pass all contiguous or all channels-last
+// (kernels/backend.h); where they are both (C = 1, 1x1 pixels) the two addressings agree.
+bool channels_last(const Tensor& x, const Tensor& w, const Tensor& y) {
+  return !(x.is_contiguous() && w.is_contiguous() && y.is_contiguous());
+}
+
 // Whether a float32 plan may use TF32 tensor cores (Note [TF32]).
 bool tf32_for(DType dtype) { return dtype == kFloat32 && allow_tf32(); }
 
@@ -183,24 +189,25 @@ void choose_algorithm(cudnnHandle_t h, ConvPlan& plan, DType dtype, Device devic
 // y [N, K, P, Q] (see Note [conv plans]). The handle is already bound to the current stream.
 template <typename Pass>
 const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
-                         const Shape& ys, const Conv2dParams& p, DType dtype, Device device,
-                         const ConvBuffers& bufs) {
-  using Key = std::array<int64_t, 18>;
+                         const Shape& ys, const Conv2dParams& p, DType dtype, bool channels_last,
+                         Device device, const ConvBuffers& bufs) {
+  using Key = std::array<int64_t, 19>;
   thread_local std::map<Key, std::unique_ptr<ConvPlan>> plans;
   const int64_t alignment = common_alignment({bufs.x, bufs.w, bufs.y, bufs.out});
   const ConvPass pass = Pass::kPass;
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
                 xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
                 tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0, alignment,
-                (cudnn_graph_api() ? 1 : 0) + (cudnn_deterministic() ? 2 : 0)};
+                (cudnn_graph_api() ? 1 : 0) + (cudnn_deterministic() ? 2 : 0), channels_last ? 1 : 0};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;
 
   auto plan = std::make_unique<ConvPlan>();
   const cudnnDataType_t dt = cudnn_dtype(dtype);
-  set_tensor4d(plan->x, dt, xs);
-  set_tensor4d(plan->y, dt, ys);
-  TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.d, dt, CUDNN_TENSOR_NCHW, to_int(ws[0]),
+  const cudnnTensorFormat_t format = channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  set_tensor4d(plan->x, dt, xs, format);
+  set_tensor4d(plan->y, dt, ys, format);
+  TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w.d, dt, format, to_int(ws[0]),
                                                 to_int(ws[1]), to_int(ws[2]), to_int(ws[3])));
   TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       plan->conv.d, to_int(p.pad_h), to_int(p.pad_w), to_int(p.stride_h), to_int(p.stride_w), 1, 1,
@@ -217,7 +224,7 @@ const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
     // Note [measured engine choice]: in benchmark mode the engines are timed on these buffers.
     const ConvGraph::TimedBuffers timed{device, const_cast<void*>(bufs.x), const_cast<void*>(bufs.w),
                                         const_cast<void*>(bufs.y)};
-    plan->graph = ConvGraph::build(h, pass, dtype, xs, ws, ys, p, alignment, tf32_for(dtype),
+    plan->graph = ConvGraph::build(h, pass, dtype, channels_last, xs, ws, ys, p, alignment, tf32_for(dtype),
                                    cudnn_deterministic(), kMaxWorkspace, benchmark_mode() ? &timed : nullptr);
   }
   if (plan->graph) {
@@ -228,15 +235,16 @@ const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
   return *(plans[key] = std::move(plan));
 }
 
-// Runs one pass on x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (pointers in the forward
-// roles; the pass overwrites Pass::out) on the device's current stream: through the plan's
-// cached graph, or the legacy call.
+// Runs one pass on x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (all contiguous or all
+// channels-last; pointers in the forward roles; the pass overwrites Pass::out) on the
+// device's current stream: through the plan's cached graph, or the legacy call.
 template <typename Pass, typename T>
-void convolve(Device device, const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, void* x,
-              void* w, void* y) {
+void convolve(Device device, const Tensor& xt, const Tensor& wt, const Tensor& yt, const Conv2dParams& p) {
+  const Shape &xs = xt.shape(), &ws = wt.shape(), &ys = yt.shape();
+  void *x = xt.raw_data(), *w = wt.raw_data(), *y = yt.raw_data();
   cudnnHandle_t h = cudnn_handle(device);
-  const ConvPlan& plan =
-      get_plan<Pass>(h, xs, ws, ys, p, dtype_of<T>::value, device, {x, w, y, Pass::out(x, w, y)});
+  const ConvPlan& plan = get_plan<Pass>(h, xs, ws, ys, p, dtype_of<T>::value, channels_last(xt, wt, yt), device,
+                                        {x, w, y, Pass::out(x, w, y)});
   DataPtr workspace = allocate(device, plan.workspace);
   if (plan.graph) {
     plan.graph->run(h, x, w, y, workspace.get());
@@ -262,11 +270,10 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   DeviceGuard guard(x.device());
   dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::convolve<gpu::FwdPass, T>(x.device(), x.shape(), w.shape(), y.shape(), p, x.raw_data(), w.raw_data(),
-                                   y.raw_data());
+    gpu::convolve<gpu::FwdPass, T>(x.device(), x, w, y, p);
     if (bias.defined()) {
-      gpu::channel_map(gpu::AddBias<T>{gpu::cptr<T>(bias)}, gpu::ptr<T>(y), y.numel(), y.size(1),
-                       y.size(2) * y.size(3), current_cuda_stream(x.device()), gpu::cptr<T>(y));
+      gpu::channel_map_any(y, gpu::AddBias<T>{gpu::cptr<T>(bias)}, gpu::ptr<T>(y), current_cuda_stream(x.device()),
+                           gpu::cptr<T>(y));
     }
   });
 }
@@ -281,8 +288,7 @@ void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const
   }
   dispatch_floating(dx.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::convolve<gpu::BwdDataPass, T>(dx.device(), dx.shape(), w.shape(), dy.shape(), p, dx.raw_data(),
-                                       w.raw_data(), dy.raw_data());
+    gpu::convolve<gpu::BwdDataPass, T>(dx.device(), dx, w, dy, p);
   });
 }
 
@@ -294,26 +300,41 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
     return;
   }
-  // Benchmark mode times cuDNN's engines instead (measured faster than the direct kernel there).
-  if (direct_wgrad() && !gpu::benchmark_mode() && gpu::direct_wgrad_applies(x, dy, dw.shape(), db.defined())) {
-    gpu::direct_wgrad(x, dy, p, dw, db, current_cuda_stream(dw.device()));  // Note [direct weight gradient]
-    return;
+  // Note [direct weight gradient] in conv_wgrad.cu: with one input channel always (ResNet's stem,
+  // LeNet's first layer: cuDNN's engines took ~300 us for the stem, channels-last); with up to
+  // eight outside benchmark mode, which times cuDNN's engines instead. The kernel reads packed
+  // NCHW: a one-channel x is that in both formats, a channels-last dy is converted first.
+  const bool channels_last = gpu::channels_last(x, dw, dy);
+  const bool one_channel = x.size(1) == 1;
+  if (direct_wgrad() && (one_channel || (!gpu::benchmark_mode() && !channels_last))) {
+    const Tensor dyc = channels_last ? dy.contiguous() : dy;
+    if (gpu::direct_wgrad_applies(x, dyc, dw.shape(), db.defined())) {
+      gpu::direct_wgrad(x, dyc, p, dw, db, current_cuda_stream(dw.device()));
+      return;
+    }
   }
   dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::convolve<gpu::BwdFilterPass, T>(dw.device(), x.shape(), dw.shape(), dy.shape(), p, x.raw_data(),
-                                         dw.raw_data(), dy.raw_data());
+    gpu::convolve<gpu::BwdFilterPass, T>(dw.device(), x, dw, dy, p);
     if (db.defined()) {
-      // db = per-channel sum of dy (Note [split channel reductions]).
-      const gpu::ChannelSplit g = gpu::channel_split(dy.size(0), dy.size(1), dy.size(2) * dy.size(3));
+      // db = per-channel sum of dy (Note [split channel reductions], Note [channels-last
+      // channel reductions]).
+      const int64_t k = dy.size(1), pixels = dy.size(2) * dy.size(3);
+      const gpu::ChannelSplit g = channels_last ? gpu::channel_split_last(dy.size(0) * pixels, k)
+                                                : gpu::channel_split(dy.size(0), k, pixels);
       cudaStream_t stream = current_cuda_stream(dw.device());
       Tensor partial = empty({g.c * g.splits}, kFloat64, dw.device());
-      gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
-        gpu::channel_sum_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
-      }, gpu::cptr<T>(dy));
+      if (channels_last) {
+        gpu::channel_partials_last<1><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
+            g, gpu::SumLast<T>{gpu::cptr<T>(dy)}, gpu::ptr<double>(partial));
+      } else {
+        gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
+          gpu::channel_sum_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+              gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
+        }, gpu::cptr<T>(dy));
+      }
       TANDEM_CUDA_CHECK_LAUNCH();
-      gpu::channel_sum_finish<T><<<static_cast<unsigned>((g.c + gpu::kBlock - 1) / gpu::kBlock), gpu::kBlock, 0,
+      gpu::channel_sum_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0,
                                    stream>>>(gpu::cptr<double>(partial), gpu::ptr<T>(db), g);
       TANDEM_CUDA_CHECK_LAUNCH();
     }

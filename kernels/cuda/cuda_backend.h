@@ -24,6 +24,7 @@ namespace tandem {
 
 class CudaBackend final : public Backend {
  public:
+  bool supports_channels_last() const override { return true; }
   void fill(const Tensor& out, double value) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void memcpy(void* dst, Device dst_device, const void* src, Device src_device,

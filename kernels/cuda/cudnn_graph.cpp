@@ -18,10 +18,11 @@ constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 // Note [measured engine choice]: how many acceptable engines benchmark mode times.
 constexpr size_t kMaxTimedEngines = 8;
 
-BackendDesc make_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, int64_t alignment) {
+BackendDesc make_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, MemoryFormat format, int64_t alignment) {
   BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const std::array<int64_t, 4> dims{s[0], s[1], s[2], s[3]};
-  const std::array<int64_t, 4> strides{s[1] * s[2] * s[3], s[2] * s[3], s[3], 1};
+  const Strides st = strides_for(s, format);
+  const std::array<int64_t, 4> strides{st[0], st[1], st[2], st[3]};
   t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
   t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dims");
   t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides");
@@ -180,14 +181,16 @@ int64_t common_alignment(std::initializer_list<const void*> ptrs) {
   return a;
 }
 
-std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
+std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,
+                                            const Shape& xs,
                                             const Shape& ws, const Shape& ys, const Conv2dParams& p,
                                             int64_t alignment, bool allow_tf32, bool deterministic,
                                             size_t max_workspace, const TimedBuffers* timed) {
   const cudnnDataType_t dt = dtype == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-  BackendDesc x = make_tensor(kUidX, dt, xs, alignment);
-  BackendDesc w = make_tensor(kUidW, dt, ws, alignment);
-  BackendDesc y = make_tensor(kUidY, dt, ys, alignment);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  BackendDesc x = make_tensor(kUidX, dt, xs, format, alignment);
+  BackendDesc w = make_tensor(kUidW, dt, ws, format, alignment);
+  BackendDesc y = make_tensor(kUidY, dt, ys, format, alignment);
 
   BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const int64_t spatial = 2;

@@ -60,7 +60,8 @@ class BackendDesc {
 
 class ConvGraph {
  public:
-  // x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (packed NCHW); `alignment` is the byte
+  // x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q] (packed NCHW, or all three channels-last:
+  // Note [memory formats] in core/tensor.h); `alignment` is the byte
   // alignment every pointer passed to run() will have. Returns nullptr when no engine of
   // cuDNN's graph API takes the configuration (the caller then uses the legacy calls).
   // With `timed` (benchmark mode: buffers of the call, in the forward roles, on `device`), the
@@ -72,7 +73,8 @@ class ConvGraph {
     void* w;
     void* y;
   };
-  static std::unique_ptr<ConvGraph> build(cudnnHandle_t h, ConvPass pass, DType dtype, const Shape& xs,
+  static std::unique_ptr<ConvGraph> build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,
+                                          const Shape& xs,
                                           const Shape& ws, const Shape& ys, const Conv2dParams& p,
                                           int64_t alignment, bool allow_tf32, bool deterministic,
                                           size_t max_workspace, const TimedBuffers* timed = nullptr);

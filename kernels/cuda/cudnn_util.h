@@ -47,10 +47,11 @@ inline int to_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-// A packed NCHW descriptor for a 4-D shape.
-inline void set_tensor4d(TensorDesc& desc, cudnnDataType_t dt, const Shape& s) {
+// A packed NCHW (or, with CUDNN_TENSOR_NHWC, channels-last) descriptor for a 4-D [N, C, H, W] shape.
+inline void set_tensor4d(TensorDesc& desc, cudnnDataType_t dt, const Shape& s,
+                         cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
   TANDEM_CHECK(s.size() == 4, Shape, "cuDNN: expected a 4-D shape, got ", shape_str(s));
-  TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc.d, CUDNN_TENSOR_NCHW, dt, to_int(s[0]),
+  TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc.d, format, dt, to_int(s[0]),
                                                 to_int(s[1]), to_int(s[2]), to_int(s[3])));
 }
 

@@ -1,7 +1,8 @@
 // Elementwise kernels: fill, copy (with dtype conversion), unary, binary, scalar, axpby.
 // Every op is a functor handed to map_elements (map.cuh), which picks the vectorized
 // contiguous kernel or the strided one. The arithmetic mirrors kernels/cpu/elementwise.cpp
-// op for op (including which ops exist for integer dtypes) so both backends agree.
+// op for op (including which ops exist for integer dtypes) so both backends agree; bfloat16
+// computes in float and rounds once per element (Note [bfloat16 arithmetic]).
 #include <type_traits>
 
 #include "core/device.h"
@@ -13,8 +14,9 @@ namespace tandem {
 namespace gpu {
 namespace {
 
+// Float-only ops exist for float32, float64 and bfloat16.
 template <typename T>
-constexpr bool kFloat = std::is_floating_point_v<T>;
+constexpr bool kFloat = is_floating_type_v<T>;
 
 template <typename T>
 struct FillFn {
@@ -27,77 +29,94 @@ struct CastFn {
   __device__ D operator()(S x) const { return static_cast<D>(x); }
 };
 
+// Each functor computes in C = opmath_t<T> (float for bfloat16, T itself otherwise) and
+// rounds once at the end, as the CPU kernels do.
 template <typename T, UnaryOp OP>
 struct UnaryFn {
-  __device__ T operator()(T v) const {
+  __device__ T operator()(T x) const {
+    using C = opmath_t<T>;
+    const C v = static_cast<C>(x);
     if constexpr (OP == UnaryOp::Neg) return static_cast<T>(-v);
-    if constexpr (OP == UnaryOp::Relu) return v > T(0) ? v : T(0);
+    if constexpr (OP == UnaryOp::Relu) return static_cast<T>(v > C(0) ? v : C(0));
     if constexpr (OP == UnaryOp::Abs) {
-      if constexpr (std::is_unsigned_v<T>) return v;
-      else return v < T(0) ? static_cast<T>(-v) : v;
+      if constexpr (std::is_unsigned_v<T>) return x;
+      else return static_cast<T>(v < C(0) ? -v : v);
     }
     if constexpr (OP == UnaryOp::Square) return static_cast<T>(v * v);
     if constexpr (kFloat<T>) {
-      if constexpr (OP == UnaryOp::Exp) return d_exp(v);
-      if constexpr (OP == UnaryOp::Log) return d_log(v);
-      if constexpr (OP == UnaryOp::Sigmoid) return T(1) / (T(1) + d_exp(-v));
-      if constexpr (OP == UnaryOp::Tanh) return d_tanh(v);
-      if constexpr (OP == UnaryOp::Sqrt) return d_sqrt(v);
-      if constexpr (OP == UnaryOp::Reciprocal) return T(1) / v;
+      if constexpr (OP == UnaryOp::Exp) return static_cast<T>(d_exp(v));
+      if constexpr (OP == UnaryOp::Log) return static_cast<T>(d_log(v));
+      if constexpr (OP == UnaryOp::Sigmoid) return static_cast<T>(C(1) / (C(1) + d_exp(-v)));
+      if constexpr (OP == UnaryOp::Tanh) return static_cast<T>(d_tanh(v));
+      if constexpr (OP == UnaryOp::Sqrt) return static_cast<T>(d_sqrt(v));
+      if constexpr (OP == UnaryOp::Reciprocal) return static_cast<T>(C(1) / v);
     }
-    return v;  // not reached: the host never instantiates a float-only op for integers
+    return x;  // not reached: the host never instantiates a float-only op for integers
   }
 };
 
 template <typename T, BinaryOp OP>
 struct BinaryFn {
-  __device__ T operator()(T a, T b) const {
+  __device__ T operator()(T x, T y) const {
+    using C = opmath_t<T>;
+    const C a = static_cast<C>(x), b = static_cast<C>(y);
     if constexpr (OP == BinaryOp::Add) return static_cast<T>(a + b);
     if constexpr (OP == BinaryOp::Sub) return static_cast<T>(a - b);
     if constexpr (OP == BinaryOp::Mul) return static_cast<T>(a * b);
     // NaN from either side propagates, as torch.maximum/minimum do.
-    if constexpr (OP == BinaryOp::Max) return (a > b || a != a) ? a : b;
-    if constexpr (OP == BinaryOp::Min) return (a < b || a != a) ? a : b;
+    if constexpr (OP == BinaryOp::Max) return (a > b || a != a) ? x : y;
+    if constexpr (OP == BinaryOp::Min) return (a < b || a != a) ? x : y;
     if constexpr (OP == BinaryOp::Eq) return a == b ? T(1) : T(0);
     if constexpr (kFloat<T>) {
-      if constexpr (OP == BinaryOp::Div) return a / b;
-      if constexpr (OP == BinaryOp::ReluBackward) return b > T(0) ? a : T(0);
-      if constexpr (OP == BinaryOp::SigmoidBackward) return a * b * (T(1) - b);
-      if constexpr (OP == BinaryOp::TanhBackward) return a * (T(1) - b * b);
+      if constexpr (OP == BinaryOp::Div) return static_cast<T>(a / b);
+      if constexpr (OP == BinaryOp::ReluBackward) return b > C(0) ? x : T(0);
+      if constexpr (OP == BinaryOp::SigmoidBackward) return static_cast<T>(a * b * (C(1) - b));
+      if constexpr (OP == BinaryOp::TanhBackward) return static_cast<T>(a * (C(1) - b * b));
     }
-    return a;  // not reached
+    return x;  // not reached
   }
 };
 
+// The scalar stays in C: a bfloat16 tensor times 0.1 multiplies by float 0.1, not by 0.1
+// rounded to bfloat16 (PyTorch keeps scalars in opmath precision too).
 template <typename T, ScalarOp OP>
 struct ScalarFn {
-  T s;
-  __device__ T operator()(T v) const {
+  opmath_t<T> s;
+  __device__ T operator()(T x) const {
+    using C = opmath_t<T>;
+    const C v = static_cast<C>(x);
     if constexpr (OP == ScalarOp::Add) return static_cast<T>(v + s);
     if constexpr (OP == ScalarOp::Mul) return static_cast<T>(v * s);
     if constexpr (OP == ScalarOp::RSub) return static_cast<T>(s - v);
     if constexpr (kFloat<T>) {
-      if constexpr (OP == ScalarOp::RDiv) return s / v;
-      if constexpr (OP == ScalarOp::Pow) return d_pow(v, s);
+      if constexpr (OP == ScalarOp::RDiv) return static_cast<T>(s / v);
+      if constexpr (OP == ScalarOp::Pow) return static_cast<T>(d_pow(v, s));
     }
-    return v;  // not reached
+    return x;  // not reached
   }
 };
 
 // out = alpha * x + beta * out, with the two special cases the CPU backend also has.
 template <typename T>
 struct ScaleFn {
-  T alpha;
-  __device__ T operator()(T x) const { return static_cast<T>(alpha * x); }
+  opmath_t<T> alpha;
+  __device__ T operator()(T x) const {
+    return static_cast<T>(alpha * static_cast<opmath_t<T>>(x));
+  }
 };
 template <typename T>
 struct AddFn {
-  __device__ T operator()(T x, T o) const { return static_cast<T>(x + o); }
+  __device__ T operator()(T x, T o) const {
+    return static_cast<T>(static_cast<opmath_t<T>>(x) + static_cast<opmath_t<T>>(o));
+  }
 };
 template <typename T>
 struct AxpbyFn {
-  T alpha, beta;
-  __device__ T operator()(T x, T o) const { return static_cast<T>(alpha * x + beta * o); }
+  opmath_t<T> alpha, beta;
+  __device__ T operator()(T x, T o) const {
+    using C = opmath_t<T>;
+    return static_cast<T>(alpha * static_cast<C>(x) + beta * static_cast<C>(o));
+  }
 };
 
 template <auto V>
@@ -157,7 +176,7 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
 
 template <typename T>
 void scalar_typed(ScalarOp op, const Tensor& x, double s, const Tensor& out) {
-  const T sv = static_cast<T>(s);
+  const opmath_t<T> sv = static_cast<opmath_t<T>>(s);
   auto run = [&](auto c) {
     map_elements<T, T>("scalar", ScalarFn<T, decltype(c)::value>{sv}, out, x);
   };
@@ -247,7 +266,8 @@ void CudaBackend::axpby(double alpha, const Tensor& x, double beta, const Tensor
   DeviceGuard guard(out.device());
   dispatch_all(x.dtype(), "axpby", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    using C = opmath_t<T>;
+    const C al = static_cast<C>(alpha), be = static_cast<C>(beta);
     // beta == 0 ignores out's old contents (as BLAS does): NaNs or uninitialized memory in it
     // never reach the result.
     if (beta == 0.0) {

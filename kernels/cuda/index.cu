@@ -50,6 +50,17 @@ __device__ __forceinline__ void atomic_add(uint8_t* p, uint8_t v) {
   } while (assumed != old);
 }
 
+// bfloat16: compare-and-swap of the 16-bit element, the sum computed in float and rounded.
+__device__ __forceinline__ void atomic_add(BFloat16* p, BFloat16 v) {
+  unsigned short* addr = reinterpret_cast<unsigned short*>(p);
+  unsigned short old = *addr, assumed;
+  do {
+    assumed = old;
+    const BFloat16 sum(static_cast<float>(BFloat16::from_bits(assumed)) + static_cast<float>(v));
+    old = atomicCAS(addr, assumed, static_cast<unsigned short>(sum.bits));
+  } while (assumed != old);
+}
+
 // out [rows, D] += src [M, D] scattered by index [M].
 template <typename T>
 __global__ void index_add_kernel(const T* src, const int64_t* index, T* out, int64_t total,

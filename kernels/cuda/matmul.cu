@@ -28,6 +28,17 @@ cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation
                          const double* b, int ldb, const double* beta, double* c, int ldc) {
   return cublasDgemm(h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+// Note [bfloat16 gemm]: bfloat16 operands and result, float32 accumulation
+// (CUBLAS_COMPUTE_32F, whose alpha and beta are floats): the tensor-core path, and the
+// precision of PyTorch's bfloat16 matmul. cuBLAS may still split K and combine the partial
+// sums in bfloat16 unless CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION is set, as
+// PyTorch's default allow_bf16_reduced_precision_reduction = True also permits.
+cublasStatus_t gemm_call(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                         int n, int k, const float* alpha, const BFloat16* a, int lda,
+                         const BFloat16* b, int ldb, const float* beta, BFloat16* c, int ldc) {
+  return cublasGemmEx(h, ta, tb, m, n, k, alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, beta,
+                      c, CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
 
 }  // namespace
 
@@ -50,9 +61,10 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
   for (int64_t v : {m, n, k, a.size(1), b.size(1)}) {
     TANDEM_CHECK(v <= INT_MAX, Shape, "gemm: dimension ", v, " exceeds cuBLAS's 32-bit limit");
   }
-  dispatch_floating(c.dtype(), "gemm", [&](auto tag) {
+  dispatch_floating_bf16(c.dtype(), "gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    // alpha and beta are in the compute type: float for bfloat16.
+    const opmath_t<T> al = static_cast<opmath_t<T>>(alpha), be = static_cast<opmath_t<T>>(beta);
     cublasHandle_t h = gpu::cublas_handle(c.device());
     // Column-major C^T [N, M] = op(B)^T [N, K] @ op(A)^T [K, M].
     TANDEM_CUBLAS_CHECK(gemm_call(

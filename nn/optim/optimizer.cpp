@@ -38,7 +38,7 @@ void Optimizer::step() {
     if (!g.defined()) continue;
     TANDEM_CHECK(g.shape() == p.shape(), Shape, "Optimizer: parameter ", i, " ",
                  shape_str(p.shape()), " has a gradient of shape ", shape_str(g.shape()));
-    update(i, p, g.is_contiguous() ? g : g.contiguous());
+    update(i, p, g);  // the kernels lay g out as p (kernels::sgd_step, adam_step)
   }
 }
 
@@ -47,7 +47,7 @@ bool Optimizer::step_flat() {
   grads.reserve(params_.size());
   for (const Tensor& p : params_) {
     Tensor g = p.grad();
-    if (!g.defined() || g.shape() != p.shape()) return false;
+    if (!g.defined() || !same_layout(g, p)) return false;  // spans pair elements by memory
     grads.push_back(std::move(g));
   }
   const Tensor flat_params = contiguous_span(params_);
@@ -70,6 +70,9 @@ Tensor Optimizer::flat_state(std::vector<Tensor>& slots, const Tensor& flat) con
   }
   Tensor span = contiguous_span(slots);
   if (!span.defined() || span.numel() != flat.numel() || span.device() != flat.device()) return Tensor();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!same_layout(slots[i], params_[i])) return Tensor();
+  }
   return span;
 }
 
@@ -87,7 +90,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 const Tensor& Optimizer::state_like(Tensor& slot, const Tensor& param) {
   if (!slot.defined()) {
-    slot = zeros(param.shape(), param.dtype(), param.device());
+    slot = zeros_like(param);  // in the parameter's memory format (the kernels run over raw memory)
   } else if (slot.device() != param.device()) {
     slot = slot.to(param.device());
   }

@@ -145,6 +145,14 @@ gloo::AllreduceOptions::Func sum_function(DType t) {
     case DType::Float64: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<double>(c, a, b, n); };
     case DType::Int64: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<int64_t>(c, a, b, n); };
     case DType::UInt8: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<uint8_t>(c, a, b, n); };
+    // Gloo has no bfloat16 sum: each pairwise sum in float, rounded (core/bfloat16.h).
+    case DType::BFloat16:
+      return [](void* c, const void* a, const void* b, size_t n) {
+        auto* pc = static_cast<BFloat16*>(c);
+        const auto* pa = static_cast<const BFloat16*>(a);
+        const auto* pb = static_cast<const BFloat16*>(b);
+        for (size_t i = 0; i < n; ++i) pc[i] = pa[i] + pb[i];
+      };
   }
   TANDEM_THROW(DType, "gloo: unsupported dtype ", dtype_name(t));
 }
@@ -154,6 +162,11 @@ void divide(const Tensor& t, int size) {
   if (t.dtype() == DType::Float32) {
     float* p = t.data<float>();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(size);
+  } else if (t.dtype() == DType::BFloat16) {
+    BFloat16* p = t.data<BFloat16>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      p[i] = BFloat16(static_cast<float>(p[i]) / static_cast<float>(size));
+    }
   } else {
     double* p = t.data<double>();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<double>(size);
@@ -309,6 +322,7 @@ class ProcessGroupGloo final : public ProcessGroup {
       case DType::Float64: o.setOutput(static_cast<double*>(t.raw_data()), n); return;
       case DType::Int64: o.setOutput(static_cast<int64_t*>(t.raw_data()), n); return;
       case DType::UInt8: o.setOutput(static_cast<uint8_t*>(t.raw_data()), n); return;
+      case DType::BFloat16: o.setOutput(static_cast<BFloat16*>(t.raw_data()), n); return;
     }
   }
 

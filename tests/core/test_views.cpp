@@ -173,7 +173,14 @@ TEST_CASE("contiguous_span covers back-to-back views of one storage, in order", 
   CHECK_FALSE(contiguous_span({b, a}).defined());  // out of order
   CHECK_FALSE(contiguous_span({}).defined());
   CHECK_FALSE(contiguous_span({a, iota({5})}).defined());      // another storage
-  CHECK_FALSE(contiguous_span({flat.slice(0, 0, 10).view({2, 5}).transpose(0, 1)}).defined());  // strided
+  CHECK_FALSE(contiguous_span({flat.slice(0, 0, 10).view({5, 2}).slice(1, 0, 1)}).defined());  // strided
+  // Dense in another order (a transpose, channels-last) still covers one range.
+  const Tensor t = flat.slice(0, 0, 10).view({2, 5}).transpose(0, 1);
+  CHECK(contiguous_span({t}).numel() == 10);
+  CHECK_FALSE(same_layout(t, zeros({5, 2})));
+  CHECK(same_layout(t, zeros({2, 5}).transpose(0, 1)));
+  CHECK(same_layout(zeros({3, 1, 2}), zeros({3, 2}).unsqueeze(1)));  // size-1 strides do not matter
+  CHECK_FALSE(same_layout(zeros({3, 2}), zeros({2, 3})));
 
   CHECK(contains(error_message<ShapeError>([&] { split_views(iota({24}), like); }), "25 elements"));
 }

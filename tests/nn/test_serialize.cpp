@@ -137,6 +137,18 @@ TEST_CASE("safetensors round trip: LeNet, ResNet-18 and every dtype", "[nn][seri
     b.load_state_dict(f.tensors);
     require_identical(a.state_dict(), b.state_dict());
   }
+  SECTION("BF16: bfloat16 bits, little-endian") {
+    StateDict sd{{"h", from_vector<float>({1.0f, -2.0f, 0.1f}, {3}).to(kBFloat16)}};
+    const std::vector<uint8_t> bytes = to_safetensors(sd);
+    const std::string text(bytes.begin(), bytes.end());
+    CHECK(contains(text, "\"dtype\":\"BF16\""));
+    // The data section is the last 6 bytes: 0x3f80, 0xc000, 0x3dcd.
+    const std::vector<uint8_t> data(bytes.end() - 6, bytes.end());
+    CHECK(data == std::vector<uint8_t>{0x80, 0x3f, 0x00, 0xc0, 0xcd, 0x3d});
+    SafetensorsFile f = parse_safetensors(bytes.data(), bytes.size(), "mem");
+    REQUIRE(f.tensors.at("h").dtype() == kBFloat16);
+    CHECK(f.tensors.at("h").to_vector<float>() == std::vector<float>{1.0f, -2.0f, 0.10009765625f});
+  }
   SECTION("non-contiguous input is written row-major") {
     Tensor t = arange(0, 6, 1, kFloat32).view({2, 3}).transpose(0, 1);  // [3, 2]
     StateDict sd{{"t", t}};
@@ -173,8 +185,8 @@ TEST_CASE("safetensors parser: each malformed file gives a named FormatError", "
       parse_error(st_file(R"({"w":{"dtype":"F32","shape":[],"data_offsets":[0,4],"x":1}})", 4)),
       "tensor 'w': unexpected field 'x'"));
   CHECK(contains(
-      parse_error(st_file(R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4)),
-      "tensor 'w': dtype BF16 is not supported"));
+      parse_error(st_file(R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4)),
+      "tensor 'w': dtype F16 is not supported"));
   CHECK(contains(parse_error(st_file(R"({"w":{"dtype":7,"shape":[2],"data_offsets":[0,4]}})", 4)),
                  "tensor 'w': dtype is 7, not a string"));
   CHECK(contains(
