@@ -45,4 +45,9 @@ Tensor autocast_input(const Tensor& x) {
   return to(x, t_autocast_dtype);
 }
 
+Tensor autocast_float32(const Tensor& x) {
+  if (!t_autocast_enabled || !x.defined() || x.dtype() != t_autocast_dtype) return x;
+  return to(x, kFloat32);
+}
+
 }  // namespace tandem

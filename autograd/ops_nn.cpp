@@ -49,7 +49,9 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   return y;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dParams& p) {
+  // Autocast as in matmul (Note [autocast]).
+  const Tensor x = autocast_input(x_in), w = autocast_input(w_in), b = autocast_input(b_in);
   Tensor y = kernels::conv2d(x, w, b, p);  // [N, K, P, Q]
   if (autograd::any_requires_grad({&x, &w, &b})) {
     const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
@@ -88,8 +90,9 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   return pool2d("AvgPool2d", PoolMode::Avg, x, p);
 }
 
-Tensor log_softmax(const Tensor& x) {
-  Tensor y = kernels::log_softmax(x);  // [N, C]
+Tensor log_softmax(const Tensor& x_in) {
+  const Tensor x = autocast_float32(x_in);  // float32 under autocast (Note [autocast])
+  Tensor y = kernels::log_softmax(x);       // [N, C]
   if (autograd::any_requires_grad({&x})) {
     record("LogSoftmax", {x}, {y}, [y = saved(y)](TensorList&& g) -> TensorList {
       return {kernels::log_softmax_backward(g[0].contiguous(), y)};
@@ -98,7 +101,8 @@ Tensor log_softmax(const Tensor& x) {
   return y;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target) {
+  const Tensor logits = autocast_float32(logits_in);                 // Note [autocast]
   auto [loss, log_probs] = kernels::cross_entropy(logits, target);  // [], [N, C]
   if (autograd::any_requires_grad({&logits})) {
     // dloss stays a device tensor: the backward never reads it on the host.

@@ -183,9 +183,8 @@ class Backend {
 //   TANDEM_CUDNN_DETERMINISTIC=0 turns it off.
 // direct_wgrad (default true): the weight gradient of convolutions with few input channels
 //   comes from tandem's own deterministic kernels instead of cuDNN's heuristics' choice (Note
-//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); in benchmark mode, which times
-//   cuDNN's engines, and in channels-last only for one input channel. Environment:
-//   TANDEM_DIRECT_WGRAD=0 turns it off.
+//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); not in benchmark mode, which
+//   times cuDNN's engines, nor channels-last. Environment: TANDEM_DIRECT_WGRAD=0 turns it off.
 void set_direct_wgrad(bool on);
 bool direct_wgrad();
 void set_cudnn_graph_api(bool on);

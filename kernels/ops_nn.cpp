@@ -65,9 +65,14 @@ Shape pool_out_shape(const char* op, const Tensor& x, const Pool2dParams& p) {
           out_extent(op, x.size(3), p.kernel_w, p.stride_w, p.pad_w, x.shape())};
 }
 
+// The dtype of batch norm's per-channel tensors (gamma, beta, running and saved statistics,
+// their gradients) for input x: x's own, except float32 for a bfloat16 x — mixed precision as
+// in PyTorch (bfloat16 activations, float32 parameters and statistics).
+DType bn_param_dtype(const Tensor& x) { return x.dtype() == kBFloat16 ? kFloat32 : x.dtype(); }
+
 // gamma/beta may be undefined (no affine part): the backend always gets [C] tensors.
-Tensor or_full(const Tensor& t, int64_t c, double value, const Tensor& like) {
-  return t.defined() ? t.contiguous() : full({c}, value, like.dtype(), like.device());
+Tensor or_full(const Tensor& t, int64_t c, double value, const Tensor& x) {
+  return t.defined() ? t.contiguous() : full({c}, value, bn_param_dtype(x), x.device());
 }
 
 void check_bn_args(const char* op, const Tensor& x,
@@ -78,7 +83,9 @@ void check_bn_args(const char* op, const Tensor& x,
   for (const Tensor* t : per_channel) {
     if (!t->defined()) continue;
     check_same_device(op, {&x, t});
-    check_same_dtype(op, {&x, t});
+    TANDEM_CHECK(t->dtype() == bn_param_dtype(x), DType, op, ": input ", dtype_name(x.dtype()), " ",
+                 shape_str(x.shape()), " needs ", dtype_name(bn_param_dtype(x)), " per-channel tensors, got ",
+                 dtype_name(t->dtype()), " ", shape_str(t->shape()));
     check_shape(op, *t, {x.size(1)}, "a per-channel tensor");
   }
 }
@@ -278,7 +285,10 @@ void count_correct(const Tensor& logits, const Tensor& target, const Tensor& cor
   check_target(op, target, logits.size(0));
   TANDEM_CHECK(correct.dtype() == kInt64 && correct.numel() == 1, DType, op,
                ": the counter must be a one-element int64 tensor, got ", correct.str());
-  backend_for(logits.device()).count_correct(logits.contiguous(), target.contiguous(), correct);
+  // bfloat16 logits (autocast) are counted in float32: every bfloat16 value is one, so the
+  // argmax is the same.
+  const Tensor l = logits.dtype() == kBFloat16 ? logits.to(kFloat32) : logits.contiguous();
+  backend_for(logits.device()).count_correct(l.contiguous(), target.contiguous(), correct);
 }
 
 // ---- indexing ---------------------------------------------------------------------------
@@ -327,8 +337,8 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
                shape_str(x.shape()));
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
-  BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, x.dtype(), x.device()),
-                    Tensor({c}, x.dtype(), x.device())};
+  BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
+                    Tensor({c}, bn_param_dtype(x), x.device())};
   be.batch_norm_forward_train(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
                               running_mean, running_var, momentum, eps, r.y, r.save_mean,
                               r.save_invstd);
@@ -360,8 +370,8 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
-  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, x.dtype(), x.device()),
-                   Tensor({c}, x.dtype(), x.device())};
+  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
+                   Tensor({c}, bn_param_dtype(x), x.device())};
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), or_full(gamma, c, 1.0, x),
                          save_mean.contiguous(), save_invstd.contiguous(), g.dx, g.dgamma, g.dbeta);
   g.dx = in_format(g.dx, fmt, want);

@@ -103,6 +103,8 @@ void add_common_flags(Args& args) {
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
   args.flag("no-cuda-graph", "one GPU: launch every kernel of a step from the host instead of replaying a "
             "captured CUDA graph");
+  args.option("precision", "fp32", "fp32 | bf16: bf16 runs convolutions and matrix products in bfloat16 under "
+                                   "autocast, with float32 weights, optimizer state and loss");
   args.flag("channels-last", "lay out 4-D weights and activations channels-last (NHWC), the layout of cuDNN's "
             "tensor-core convolutions");
 }
@@ -124,6 +126,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   cfg.data_dir = args.str("data");
   cfg.cuda_graph = !args.on("no-cuda-graph");
   cfg.channels_last = args.on("channels-last");
+  cfg.precision = args.choice("precision", {"fp32", "bf16"});
   cfg.epochs = args.integer("epochs", 1, 100000);
   cfg.batch_size = args.integer("batch-size", 1, 1 << 20);
   cfg.optimizer = args.choice("optimizer", {"sgd", "adam"});

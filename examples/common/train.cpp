@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "common/checkpoint.h"
@@ -222,7 +223,10 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     auto t0 = std::chrono::steady_clock::now();
     int64_t batch = first;
     for (const data::Batch& b : train_loader) {
-      stepper->step(b.x, b.y, train_loader.global_batch_rows(batch), loss_sum, correct);
+      {
+        AutocastGuard autocast(kBFloat16, cfg.precision == "bf16");  // Note [autocast]
+        stepper->step(b.x, b.y, train_loader.global_batch_rows(batch), loss_sum, correct);
+      }
       seen += b.x.size(0);
       ++batch;
       ++step;
@@ -257,7 +261,10 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.images_per_s = c[2] / s.seconds;
     progress.finish();
-    if (cfg.evaluate) s.test_acc = evaluate(*stepper, test_loader);
+    if (cfg.evaluate) {
+      AutocastGuard autocast(kBFloat16, cfg.precision == "bf16");
+      s.test_acc = evaluate(*stepper, test_loader);
+    }
     if (!cfg.trace.empty() && epoch == 1) stepper->write_trace(cfg.trace);  // every rank takes part
     csv.add(s);
     on_epoch(s);

@@ -61,6 +61,7 @@ struct TrainConfig {
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
   bool cuda_graph = true;               // one device: capture the step in a CUDA graph (core/cuda_graph.h)
   bool channels_last = false;           // 4-D weights, and so activations, channels-last (Note [memory formats])
+  std::string precision = "fp32";       // bf16: training and evaluation under autocast (autograd/autocast.h)
 };
 
 // Whether this process reports (prints, draws the progress bar, writes the CSV): the one

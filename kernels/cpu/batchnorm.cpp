@@ -139,6 +139,13 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, 
                                           const Tensor& running_mean, const Tensor& running_var,
                                           double momentum, double eps, const Tensor& y,
                                           const Tensor& save_mean, const Tensor& save_invstd) {
+  if (x.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU] in conv.cpp; the rest is float32
+    Tensor yf(y.shape(), kFloat32, y.device());
+    batch_norm_forward_train(x.to(kFloat32), gamma, beta, running_mean, running_var, momentum, eps, yf,
+                             save_mean, save_invstd);
+    y.copy_(yf);
+    return;
+  }
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     bn_train<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, momentum, eps,
                                            y, save_mean, save_invstd);
@@ -148,6 +155,12 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, 
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& running_mean, const Tensor& running_var,
                                          double eps, const Tensor& y) {
+  if (x.dtype() == kBFloat16) {
+    Tensor yf(y.shape(), kFloat32, y.device());
+    batch_norm_forward_eval(x.to(kFloat32), gamma, beta, running_mean, running_var, eps, yf);
+    y.copy_(yf);
+    return;
+  }
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     bn_eval<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, eps, y);
   });
@@ -156,6 +169,12 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, c
 void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                      const Tensor& save_mean, const Tensor& save_invstd,
                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  if (x.dtype() == kBFloat16) {
+    Tensor dxf(dx.shape(), kFloat32, dx.device());
+    batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), gamma, save_mean, save_invstd, dxf, dgamma, dbeta);
+    dx.copy_(dxf);
+    return;
+  }
   dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
     bn_backward<typename decltype(tag)::type>(dy, x, gamma, save_mean, save_invstd, dx, dgamma,
                                               dbeta);

@@ -238,10 +238,22 @@ const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
 }
 
+// Note [bfloat16 on the CPU]: the CPU is the reference, not a fast path, for bfloat16: a
+// bfloat16 convolution or batch norm widens its operands to float32, runs the float32 kernel
+// (float32 accumulation, as cuDNN's bfloat16 engines and tandem's CUDA kernels do) and rounds
+// each result once.
+Tensor widen(const Tensor& t) { return t.defined() ? t.to(kFloat32) : t; }
+
 }  // namespace
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 const Conv2dParams& p, const Tensor& y) {
+  if (x.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU]
+    Tensor yf(y.shape(), kFloat32, y.device());
+    conv2d_forward(widen(x), widen(w), widen(bias), p, yf);
+    y.copy_(yf);
+    return;
+  }
   const ConvGeom g = geom(x, w, y, p);
   dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -252,6 +264,12 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                                        const Tensor& dx) {
+  if (dy.dtype() == kBFloat16) {
+    Tensor dxf(dx.shape(), kFloat32, dx.device());
+    conv2d_backward_input(widen(dy), widen(w), p, dxf);
+    dx.copy_(dxf);
+    return;
+  }
   const ConvGeom g = geom(dx, w, dy, p);
   dispatch_floating(dy.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -262,6 +280,14 @@ void CpuBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const 
 
 void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
                                         const Tensor& dw, const Tensor& db) {
+  if (x.dtype() == kBFloat16) {
+    Tensor dwf(dw.shape(), kFloat32, dw.device());
+    Tensor dbf = db.defined() ? Tensor(db.shape(), kFloat32, db.device()) : Tensor();
+    conv2d_backward_weight(widen(x), widen(dy), p, dwf, dbf);
+    dw.copy_(dwf);
+    if (db.defined()) db.copy_(dbf);
+    return;
+  }
   const ConvGeom g = geom(x, dw, dy, p);
   dispatch_floating(x.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -40,11 +40,11 @@ struct BnStatsLast {
 };
 
 // Sums of dy and dy * (x - mean).
-template <typename T>
+template <typename T, typename P>
 struct BnGradLast {
   const T* dy;
   const T* x;
-  const T* save_mean;
+  const P* save_mean;
   __device__ void operator()(int64_t c, int64_t i, double* sums) const {
     const double d = static_cast<double>(dy[i]);
     sums[0] += d;
@@ -77,10 +77,10 @@ __global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
 
 // One warp per channel (lane 0 writes): mean, variance, running statistics, and coef[c * 3 + {0,1,2}] =
 // (mean, gamma * invstd, beta) for the elementwise pass.
-template <typename T>
-__global__ void bn_stats_finish(const T* x, const double* partial, const T* gamma, const T* beta,
-                                T* running_mean, T* running_var, double momentum, double eps,
-                                T* save_mean, T* save_invstd, T* coef, ChannelSplit g) {
+template <typename T, typename P>
+__global__ void bn_stats_finish(const T* x, const double* partial, const P* gamma, const P* beta,
+                                P* running_mean, P* running_var, double momentum, double eps,
+                                P* save_mean, P* save_invstd, P* coef, ChannelSplit g) {
   double sums[2];
   const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
   if (c >= g.c || threadIdx.x % 32 != 0) return;
@@ -90,38 +90,42 @@ __global__ void bn_stats_finish(const T* x, const double* partial, const T* gamm
   const double var = fmax(s2 / m - dmean * dmean, 0.0);
   const double mean = static_cast<double>(x[c * g.hw]) + dmean;
   const double invstd = 1.0 / sqrt(var + eps);
-  save_mean[c] = static_cast<T>(mean);
-  save_invstd[c] = static_cast<T>(invstd);
+  save_mean[c] = static_cast<P>(mean);
+  save_invstd[c] = static_cast<P>(invstd);
   const double unbiased = m > 1 ? var * m / (m - 1) : var;
-  running_mean[c] = static_cast<T>((1 - momentum) * running_mean[c] + momentum * mean);
-  running_var[c] = static_cast<T>((1 - momentum) * running_var[c] + momentum * unbiased);
-  coef[c * 3] = static_cast<T>(mean);
-  coef[c * 3 + 1] = static_cast<T>(invstd * static_cast<double>(gamma[c]));
+  running_mean[c] = static_cast<P>((1 - momentum) * running_mean[c] + momentum * mean);
+  running_var[c] = static_cast<P>((1 - momentum) * running_var[c] + momentum * unbiased);
+  coef[c * 3] = static_cast<P>(mean);
+  coef[c * 3 + 1] = static_cast<P>(invstd * static_cast<double>(gamma[c]));
   coef[c * 3 + 2] = beta[c];
 }
 
 // y = (x - mean) * scale + shift with coef from bn_stats_finish.
-template <typename T>
+// T is the activations' type, P the per-channel one (float for bfloat16 activations: they are
+// computed in float and rounded once).
+template <typename T, typename P>
 struct BnApply {
-  const T* coef;
-  __device__ T operator()(int64_t c, T x) const { return (x - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]; }
+  const P* coef;
+  __device__ T operator()(int64_t c, T x) const {
+    return static_cast<T>((static_cast<P>(x) - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]);
+  }
 };
 
 // y = (x - running_mean) * scale + shift with coef from bn_eval_coef (the same form as training).
-template <typename T>
-__global__ void bn_eval_coef(const T* gamma, const T* beta, const T* running_mean, const T* running_var,
-                             double eps, T* coef, int64_t channels) {
+template <typename P>
+__global__ void bn_eval_coef(const P* gamma, const P* beta, const P* running_mean, const P* running_var,
+                             double eps, P* coef, int64_t channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   const double invstd = 1.0 / sqrt(static_cast<double>(running_var[c]) + eps);
   coef[c * 3] = running_mean[c];
-  coef[c * 3 + 1] = static_cast<T>(invstd * static_cast<double>(gamma[c]));
+  coef[c * 3 + 1] = static_cast<P>(invstd * static_cast<double>(gamma[c]));
   coef[c * 3 + 2] = beta[c];
 }
 
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group.
-template <int VEC, typename T>
-__global__ void bn_grad_partials(const T* dy, const T* x, const T* save_mean, double* partial,
+template <int VEC, typename T, typename P>
+__global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, double* partial,
                                  ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
   const double mean = static_cast<double>(save_mean[c]);
@@ -147,9 +151,9 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const T* save_mean, do
 //   dbeta = sum(dy), dgamma = sum(dy * xhat),
 //   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma) = a * dy + b * (x - mean) + d.
 // coef[c * 4 + {0,1,2,3}] = (a, b, d, mean).
-template <typename T>
-__global__ void bn_grad_finish(const double* partial, const T* gamma, const T* save_mean,
-                               const T* save_invstd, T* dgamma, T* dbeta, T* coef, ChannelSplit g) {
+template <typename P>
+__global__ void bn_grad_finish(const double* partial, const P* gamma, const P* save_mean,
+                               const P* save_invstd, P* dgamma, P* dbeta, P* coef, ChannelSplit g) {
   double sums[2];
   const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
   if (c >= g.c || threadIdx.x % 32 != 0) return;
@@ -157,20 +161,21 @@ __global__ void bn_grad_finish(const double* partial, const T* gamma, const T* s
   const double m = static_cast<double>(g.n * g.hw);
   const double invstd = save_invstd[c];
   const double dg = sdyx * invstd;
-  dbeta[c] = static_cast<T>(sdy);
-  dgamma[c] = static_cast<T>(dg);
+  dbeta[c] = static_cast<P>(sdy);
+  dgamma[c] = static_cast<P>(dg);
   const double k = static_cast<double>(gamma[c]) * invstd / m;
-  coef[c * 4] = static_cast<T>(k * m);
-  coef[c * 4 + 1] = static_cast<T>(-k * dg * invstd);
-  coef[c * 4 + 2] = static_cast<T>(-k * sdy);
+  coef[c * 4] = static_cast<P>(k * m);
+  coef[c * 4 + 1] = static_cast<P>(-k * dg * invstd);
+  coef[c * 4 + 2] = static_cast<P>(-k * sdy);
   coef[c * 4 + 3] = save_mean[c];
 }
 
-template <typename T>
+template <typename T, typename P>
 struct BnGradApply {
-  const T* coef;
+  const P* coef;
   __device__ T operator()(int64_t c, T dy, T x) const {
-    return coef[c * 4] * dy + coef[c * 4 + 1] * (x - coef[c * 4 + 3]) + coef[c * 4 + 2];
+    return static_cast<T>(coef[c * 4] * static_cast<P>(dy) + coef[c * 4 + 1] * (static_cast<P>(x) - coef[c * 4 + 3]) +
+                          coef[c * 4 + 2]);
   }
 };
 
@@ -188,9 +193,10 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
   Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
-  Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
-  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+  Tensor coef = empty({g.c * 3}, gamma.dtype(), x.device());
+  dispatch_floating_bf16(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    using P = opmath_t<T>;  // the per-channel tensors' type (float32 for bfloat16 activations)
     if (gpu::channels_last(x)) {
       gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
           g, gpu::BnStatsLast<T>{gpu::cptr<T>(x)}, gpu::ptr<double>(partial));
@@ -201,12 +207,12 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
       }, gpu::cptr<T>(x));
     }
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_stats_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(beta),
-        gpu::ptr<T>(running_mean), gpu::ptr<T>(running_var), momentum, eps, gpu::ptr<T>(save_mean),
-        gpu::ptr<T>(save_invstd), gpu::ptr<T>(coef), g);
+    gpu::bn_stats_finish<T, P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta),
+        gpu::ptr<P>(running_mean), gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean),
+        gpu::ptr<P>(save_invstd), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
+    gpu::channel_map_any(x, gpu::BnApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
   });
 }
 
@@ -217,14 +223,15 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
-  Tensor coef = empty({g.c * 3}, x.dtype(), x.device());
-  dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
+  Tensor coef = empty({g.c * 3}, gamma.dtype(), x.device());
+  dispatch_floating_bf16(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::bn_eval_coef<T><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(gamma), gpu::cptr<T>(beta), gpu::cptr<T>(running_mean), gpu::cptr<T>(running_var), eps,
-        gpu::ptr<T>(coef), g.c);
+    using P = opmath_t<T>;  // the per-channel tensors' type (float32 for bfloat16 activations)
+    gpu::bn_eval_coef<P><<<gpu::channel_threads_grid(g.c), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<P>(gamma), gpu::cptr<P>(beta), gpu::cptr<P>(running_mean), gpu::cptr<P>(running_var), eps,
+        gpu::ptr<P>(coef), g.c);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
+    gpu::channel_map_any(x, gpu::BnApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
   });
 }
 
@@ -241,25 +248,26 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
   Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
-  Tensor coef = empty({g.c * 4}, x.dtype(), x.device());
-  dispatch_floating(x.dtype(), "batch_norm_backward", [&](auto tag) {
+  Tensor coef = empty({g.c * 4}, gamma.dtype(), x.device());
+  dispatch_floating_bf16(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    using P = opmath_t<T>;
     if (gpu::channels_last(x)) {
       gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnGradLast<T>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean)},
+          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean)},
           gpu::ptr<double>(partial));
     } else {
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
-        gpu::bn_grad_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<T>(save_mean), gpu::ptr<double>(partial), g);
+        gpu::bn_grad_partials<vec.value, T, P><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
+            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), gpu::ptr<double>(partial), g);
       }, gpu::cptr<T>(dy), gpu::cptr<T>(x));
     }
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_grad_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<double>(partial), gpu::cptr<T>(gamma), gpu::cptr<T>(save_mean),
-        gpu::cptr<T>(save_invstd), gpu::ptr<T>(dgamma), gpu::ptr<T>(dbeta), gpu::ptr<T>(coef), g);
+    gpu::bn_grad_finish<P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
+        gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
+        gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnGradApply<T>{gpu::cptr<T>(coef)}, gpu::ptr<T>(dx), stream, gpu::cptr<T>(dy),
+    gpu::channel_map_any(x, gpu::BnGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream, gpu::cptr<T>(dy),
                          gpu::cptr<T>(x));
   });
 }

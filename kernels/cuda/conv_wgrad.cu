@@ -118,7 +118,7 @@ __global__ void wgrad_finish(const double* __restrict__ partial, T* __restrict__
 
 bool direct_wgrad_applies(const Tensor& x, const Tensor& dy, const Shape& ws, bool with_bias) {
   constexpr int64_t kMax32 = int64_t{1} << 31;
-  return ws.size() == 4 && ws[1] <= kMaxChannels && ws[1] * ws[2] * ws[3] + (with_bias ? 1 : 0) <= kMaxWeights &&
+  return x.dtype() != kBFloat16 && ws.size() == 4 && ws[1] <= kMaxChannels && ws[1] * ws[2] * ws[3] + (with_bias ? 1 : 0) <= kMaxWeights &&
          x.numel() < kMax32 && dy.numel() < kMax32 && x.is_contiguous() && dy.is_contiguous();
 }
 

@@ -8,6 +8,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_graph.h"
 #include "core/cuda_stream.h"
+#include "kernels/cuda/cudnn_util.h"
 
 namespace tandem::gpu {
 
@@ -186,7 +187,7 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
                                             const Shape& ws, const Shape& ys, const Conv2dParams& p,
                                             int64_t alignment, bool allow_tf32, bool deterministic,
                                             size_t max_workspace, const TimedBuffers* timed) {
-  const cudnnDataType_t dt = dtype == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  const cudnnDataType_t dt = cudnn_dtype(dtype), compute = cudnn_compute_dtype(dtype);
   const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   BackendDesc x = make_tensor(kUidX, dt, xs, format, alignment);
   BackendDesc w = make_tensor(kUidW, dt, ws, format, alignment);
@@ -197,7 +198,7 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const std::array<int64_t, 2> dilation{1, 1}, stride{p.stride_h, p.stride_w}, pad{p.pad_h, p.pad_w};
   conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "spatial dims");
-  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "compute type");
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "compute type");
   conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
   conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data(), "dilations");
   conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data(), "strides");

@@ -36,9 +36,16 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
     case DType::Float32: return CUDNN_DATA_FLOAT;
     case DType::Float64: return CUDNN_DATA_DOUBLE;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
     default: break;
   }
-  TANDEM_THROW(DType, "cuDNN ops take float32 or float64 tensors, got ", dtype_name(t));
+  TANDEM_THROW(DType, "cuDNN ops take float32, float64 or bfloat16 tensors, got ", dtype_name(t));
+}
+
+// The type cuDNN computes (and takes alpha/beta) in for data of type t: float32, also for
+// bfloat16 data (float32 accumulation, as PyTorch's bfloat16 convolutions), or float64.
+inline cudnnDataType_t cudnn_compute_dtype(DType t) {
+  return t == DType::Float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
 }
 
 inline int to_int(int64_t v) {

@@ -110,12 +110,26 @@ struct AddFn {
     return static_cast<T>(static_cast<opmath_t<T>>(x) + static_cast<opmath_t<T>>(o));
   }
 };
+// Note [bfloat16 axpby without contraction]: nvcc contracts alpha * x + beta * o into
+// fma(alpha, x, beta * o), which skips the rounding of alpha * x; the CPU (baseline x86-64, no
+// FMA) rounds both products and the sum separately. Where the sum cancels that is the whole
+// result: axpby(0.3, x = 1.6796875, -2, o = 0.251953125) is 0.50390625 - 0.50390625 = +0 on the
+// CPU but the rounding error of 0.3f * x, 2.0e-8 (bfloat16 0x32ac), on the GPU, an unbounded
+// number of bfloat16 ulps apart. __fmul_rn / __fadd_rn are never contracted, so the bfloat16
+// kernel computes exactly the CPU's float expression and the two agree bit for bit (the
+// rounding to 8 bits hides the FMA's extra precision anyway). float32 and float64 keep the
+// FMA: there the difference is one rounding error, far below their tolerances.
 template <typename T>
 struct AxpbyFn {
   opmath_t<T> alpha, beta;
   __device__ T operator()(T x, T o) const {
     using C = opmath_t<T>;
-    return static_cast<T>(alpha * static_cast<C>(x) + beta * static_cast<C>(o));
+    const C xv = static_cast<C>(x), ov = static_cast<C>(o);
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return static_cast<T>(__fadd_rn(__fmul_rn(alpha, xv), __fmul_rn(beta, ov)));
+    } else {
+      return static_cast<T>(alpha * xv + beta * ov);
+    }
   }
 };
 

@@ -178,13 +178,13 @@ TEST_CASE("autocast matmul and the ops it leaves alone", "[autograd][bf16]") {
     AutocastGuard autocast;
     c = matmul(a, b);
     r = relu(a);                    // elementwise ops keep their input dtype
-    conv = conv2d(x, w, Tensor());  // convolutions are not autocast
+    conv = conv2d(x, w, Tensor());  // convolutions are autocast too
     const Tensor p = uniform({2, 3}, -1.0, 1.0, kFloat64), q = uniform({3, 2}, -1.0, 1.0, kFloat64);
     d64 = matmul(p, q);  // float64 is never cast down
   }
   REQUIRE(c.dtype() == kBFloat16);
   CHECK(r.dtype() == kFloat32);
-  CHECK(conv.dtype() == kFloat32);
+  CHECK(conv.dtype() == kBFloat16);
   CHECK(d64.dtype() == kFloat64);
   const Tensor ad = a.detach(), bd = b.detach();
   require_within_bound(c, kernels::matmul(ad, bd), kernels::matmul(abs_of(ad), abs_of(bd)));
