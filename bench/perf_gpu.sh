@@ -4,12 +4,16 @@
 #   bench/perf_gpu.sh [--epochs N] [--tests] [--no-resnet] [--accuracy]
 #
 # tandem: eager (every kernel launched from the host, --no-cuda-graph) and graph (the step
-# captured once in a CUDA graph and replayed), for LeNet (bs 256) and ResNet-18 (bs 256).
-# PyTorch in the same call: LeNet eager and graph; ResNet-18 eager, with cudnn.benchmark.
-# Medians of the timed epochs after a warm-up epoch; peak device memory where measured.
-# --tests first runs the CUDA-graph and [cuda] tests; --accuracy trains to the end with and
-# without the graph (LeNet 10 epochs, both recipes; ResNet-18 5 epochs, cosine) and prints the
-# final test accuracies side by side. Logs in $OUT (default ./out).
+# captured once in a CUDA graph and replayed), with cuDNN's heuristics or timed engines
+# (benchmark mode), for LeNet (bs 256) and ResNet-18 (bs 256); for ResNet-18 also channels-last
+# activations (--channels-last) and bfloat16 autocast (--precision bf16).
+# PyTorch in the same call: LeNet eager and graph; ResNet-18 eager, cudnn.benchmark, and
+# cudnn.benchmark with channels_last + bf16 autocast, eager, captured in a CUDA graph and under
+# torch.compile. Medians of the timed epochs after a warm-up epoch; peak device memory of each.
+# --tests first runs the [core], [cuda], [memory_format] and [bf16] tests; --accuracy trains to
+# the end (LeNet 10 epochs, both recipes; ResNet-18 5 epochs, cosine) eager, graphed, and
+# graphed in bfloat16 (ResNet-18 channels-last too), and prints the final test accuracies side
+# by side. Logs in $OUT (default ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/gpu_env.sh  # OUT, DATA, the wheels' cuDNN/NCCL, build_gpu
@@ -28,55 +32,65 @@ build_gpu bench_train bench_step lenet resnet || exit 1
 B=./build-gpu/bench
 if [ "$TESTS" = 1 ] && build_gpu tandem_tests; then
   echo "== tests"
-  ./build-gpu/tests/tandem_tests "[core]" > "$OUT/tests_core.log" 2>&1
-  echo "core (CUDA graphs): $(grep -E '^(All tests passed|test cases:)' "$OUT/tests_core.log" | tail -1)"
-  grep -B3 -A15 -E "FAILED" "$OUT/tests_core.log" | head -60
-  ./build-gpu/tests/tandem_tests "[cuda]" > "$OUT/tests_cuda.log" 2>&1
-  echo "cuda-tagged: $(grep -E '^(All tests passed|test cases:)' "$OUT/tests_cuda.log" | tail -1)"
-  grep -B3 -A15 -E "FAILED" "$OUT/tests_cuda.log" | head -60
+  for tag in "[core]" "[cuda]" "[memory_format],[bf16]"; do
+    ./build-gpu/tests/tandem_tests "$tag" > "$OUT/tests.log" 2>&1
+    echo "$tag: $(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -1)"
+    grep -B3 -A15 -E "FAILED" "$OUT/tests.log" | head -60
+  done
 fi
 R="$OUT/perf.jsonl"
 : > "$R"
+tandem() {  # BENCHMARK_MODE MODEL EPOCHS FLAGS...
+  local bm=$1 model=$2 epochs=$3; shift 3
+  TANDEM_CUDNN_BENCHMARK=$bm $B/bench_train --model "$model" --data "$DATA" --devices cuda:0 --epochs "$epochs" "$@" \
+    >> "$R" 2>> "$OUT/perf.err" || tail -3 "$OUT/perf.err"
+}
+torch_resnet() {  # FLAGS...
+  python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths 1gpu --epochs 3 "$@" >> "$R" 2>> "$OUT/perf.err" ||
+    tail -3 "$OUT/perf.err"
+}
 echo "== lenet"
-# cuDNN engines: heuristics' choice, timed (benchmark mode), timed among nondeterministic ones too.
-for mode in "1 0" "1 1" "0 1"; do
-  read -r det bm <<< "$mode"
-  for flags in "--no-cuda-graph" ""; do
-    TANDEM_CUDNN_DETERMINISTIC=$det TANDEM_CUDNN_BENCHMARK=$bm $B/bench_train --model lenet --data "$DATA" --devices cuda:0 --epochs "$EPOCHS" $flags \
-      >> "$R" 2>> "$OUT/perf.err" || tail -3 "$OUT/perf.err"
-  done
+# cuDNN engines: heuristics' choice, and timed (benchmark mode); bfloat16 autocast.
+for bm in 0 1; do
+  tandem $bm lenet "$EPOCHS" --no-cuda-graph
+  tandem $bm lenet "$EPOCHS"
 done
+tandem 1 lenet "$EPOCHS" --precision bf16
 python3 bench/torch_lenet.py --data "$DATA" --epochs "$EPOCHS" --paths eager,graph >> "$R" 2>> "$OUT/perf.err" ||
   tail -3 "$OUT/perf.err"
 if [ "$RESNET" = 1 ]; then
   echo "== resnet18"
-  for mode in "1 0" "1 1" "0 1"; do
-    read -r det bm <<< "$mode"
-    for flags in "--no-cuda-graph" ""; do
-      TANDEM_CUDNN_DETERMINISTIC=$det TANDEM_CUDNN_BENCHMARK=$bm $B/bench_train --model resnet18 --data "$DATA" --devices cuda:0 --epochs 3 $flags \
-        >> "$R" 2>> "$OUT/perf.err" || tail -3 "$OUT/perf.err"
-    done
+  tandem 0 resnet18 3
+  for flags in "" "--channels-last" "--channels-last --precision bf16"; do
+    tandem 1 resnet18 3 --no-cuda-graph $flags
+    tandem 1 resnet18 3 $flags
   done
-  python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths 1gpu --epochs 3 >> "$R" 2>> "$OUT/perf.err"
-  python3 bench/torch_parallel.py --data "$DATA" --models resnet18 --paths 1gpu --epochs 3 --cudnn-benchmark \
-    >> "$R" 2>> "$OUT/perf.err"
+  tandem 0 resnet18 3 --channels-last --precision bf16
+  torch_resnet
+  torch_resnet --cudnn-benchmark
+  torch_resnet --cudnn-benchmark --channels-last --bf16
+  torch_resnet --cudnn-benchmark --channels-last --bf16 --cuda-graph
+  torch_resnet --cudnn-benchmark --channels-last --bf16 --compile
 fi
 if [ "$ACCURACY" = 1 ]; then
-  echo "== accuracy: final test accuracy, eager (--no-cuda-graph) | graph"
+  echo "== accuracy: final test accuracy, eager fp32 (--no-cuda-graph) | graph fp32 | graph bf16 (ResNet: channels-last)"
   mkdir -p "$OUT/csv"
-  run_both() {  # NAME PROGRAM FLAGS...
-    local name=$1 prog=$2; shift 2
-    for g in eager graph; do
-      local flag=""; [ $g = eager ] && flag=--no-cuda-graph
-      ./build-gpu/examples/$prog --data "$DATA" --no-progress --csv "$OUT/csv/$name-$g.csv" $flag "$@" \
-        > "$OUT/csv/$name-$g.log" 2>&1 || tail -3 "$OUT/csv/$name-$g.log"
-    done
-    printf '%-28s %s | %s\n' "$name" "$(tail -1 "$OUT/csv/$name-eager.csv" | cut -d, -f4)" \
-      "$(tail -1 "$OUT/csv/$name-graph.csv" | cut -d, -f4)"
+  acc() {  # NAME VARIANT PROGRAM FLAGS...: trains, prints nothing, leaves the CSV
+    local name=$1 v=$2 prog=$3; shift 3
+    ./build-gpu/examples/$prog --data "$DATA" --no-progress --csv "$OUT/csv/$name-$v.csv" "$@" \
+      > "$OUT/csv/$name-$v.log" 2>&1 || tail -3 "$OUT/csv/$name-$v.log"
   }
-  run_both lenet-sigmoid lenet
-  run_both lenet-relu-momentum lenet --activation relu --momentum 0.9
-  run_both resnet18-cosine-5 resnet --epochs 5 --lr-schedule cosine
+  last_acc() { tail -1 "$OUT/csv/$1.csv" | cut -d, -f4; }
+  run_three() {  # NAME PROGRAM BF16_FLAGS FLAGS...
+    local name=$1 prog=$2 bf=$3; shift 3
+    acc "$name" eager "$prog" --no-cuda-graph "$@"
+    acc "$name" graph "$prog" "$@"
+    acc "$name" bf16 "$prog" --precision bf16 $bf "$@"
+    printf '%-28s %s | %s | %s\n' "$name" "$(last_acc "$name-eager")" "$(last_acc "$name-graph")" "$(last_acc "$name-bf16")"
+  }
+  run_three lenet-sigmoid lenet ""
+  run_three lenet-relu-momentum lenet "" --activation relu --momentum 0.9
+  run_three resnet18-cosine-5 resnet --channels-last --epochs 5 --lr-schedule cosine
   (cd "$OUT" && tar czf accuracy_csv.tgz csv && rm -rf csv)
 fi
 echo "== results ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d)," \

@@ -202,10 +202,14 @@ MemoryFormat bn_format(const Tensor& x) { return suggest_memory_format(x); }
 
 // ---- pooling ----------------------------------------------------------------------------
 
+// Note [bfloat16 pooling]: pooling has no bfloat16 kernels; a bfloat16 input is pooled in
+// float32 and the result rounded once (exact for max pooling; the average is one rounding of
+// the float32 average), on every backend.
 Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p) {
   const char* op = pool_name(mode);
   check_same_device(op, {&x});
   check_floating(op, x);
+  if (x.dtype() == kBFloat16) return pool2d(mode, x.to(kFloat32), p).to(kBFloat16);
   Tensor y(pool_out_shape(op, x, p), x.dtype(), x.device());
   backend_for(x.device()).pool2d_forward(mode, x.contiguous(), p, y);
   return y;
@@ -220,6 +224,9 @@ Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Te
   const Shape ys = pool_out_shape(op, x, p);
   check_shape(op, y, ys, "y");
   check_shape(op, dy, ys, "dy");
+  if (x.dtype() == kBFloat16) {  // Note [bfloat16 pooling]
+    return pool2d_backward(mode, x.to(kFloat32), y.to(kFloat32), dy.to(kFloat32), p).to(kBFloat16);
+  }
   Tensor dx(x.shape(), x.dtype(), x.device());
   backend_for(x.device())
       .pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p, dx);

@@ -206,9 +206,10 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
     const bool speak = reports(cfg);
     if (speak) {
-      std::printf("%s on %s, batch %lld%s, %s lr %g%s\n", description.c_str(), where(cfg).c_str(),
+      std::printf("%s on %s, batch %lld%s, %s lr %g%s%s%s\n", description.c_str(), where(cfg).c_str(),
                   static_cast<long long>(cfg.batch_size), cfg.group ? " (global)" : "", cfg.optimizer.c_str(), cfg.lr,
-                  cfg.lr_schedule == "cosine" ? " (cosine)" : "");
+                  cfg.lr_schedule == "cosine" ? " (cosine)" : "", cfg.precision == "bf16" ? ", bf16 autocast" : "",
+                  cfg.channels_last ? ", channels-last" : "");
       std::fflush(stdout);
     }
     const TrainResult result = run_training(cfg, [speak](const EpochStats& s) {

@@ -142,6 +142,24 @@ TEST_CASE("batch norm of bfloat16 activations with float32 parameters", "[kernel
   }
 }
 
+TEST_CASE("bfloat16 pooling is float32 pooling rounded once", "[kernels][bf16]") {
+  const Tensor x = bf(uniform({2, 3, 8, 8}, -1.0, 1.0));
+  for (const Device d : devices()) {
+    for (PoolMode mode : {PoolMode::Max, PoolMode::Avg}) {
+      INFO("on " << d.str() << " mode " << static_cast<int>(mode));
+      const Pool2dParams p{3, 3, 2, 2, 1, 1};
+      const Tensor y = kernels::pool2d(mode, x.to(d), p);
+      REQUIRE(y.dtype() == kBFloat16);
+      const Tensor y32 = kernels::pool2d(mode, f32(x), p);
+      CHECK(values(y) == values(bf(y32)));
+      const Tensor dy = bf(uniform(y.shape(), -1.0, 1.0));
+      const Tensor dx = kernels::pool2d_backward(mode, x.to(d), y, dy.to(d), p);
+      REQUIRE(dx.dtype() == kBFloat16);
+      CHECK(values(dx) == values(bf(kernels::pool2d_backward(mode, f32(x), f32(y.to(kCPU)), f32(dy), p))));
+    }
+  }
+}
+
 TEST_CASE("a small ResNet trained under autocast stays near float32 training", "[nn][bf16]") {
   auto make = [] {
     Generator gen(7);
