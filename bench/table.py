@@ -6,14 +6,13 @@ kinds = {}
 for r in rows:
     kinds.setdefault(r.get("kind", "train"), []).append(r)
 
-for r in kinds.get("train", []):
-    pass
 if kinds.get("train"):
-    print(f"{'model':<9} {'framework':<9} {'path':<24} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10} "
+    w = max(24, *(len(r["path"]) for r in kinds["train"]))  # e.g. pytorch's compile+graph+cl+bf16+bench
+    print(f"{'model':<9} {'framework':<9} {'path':<{w}} {'dev':>3} {'batch':>5} {'s/epoch':>8} {'images/s':>10} "
           f"{'peak MB':>8}")
     for r in kinds["train"]:
         peak = f"{r['peak_mb']:>8.0f}" if "peak_mb" in r else f"{'':>8}"
-        print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<24} {r['devices']:>3} {r['batch_size']:>5} "
+        print(f"{r['model']:<9} {r['framework']:<9} {r['path']:<{w}} {r['devices']:>3} {r['batch_size']:>5} "
               f"{r['median_s']:>8.3f} {r['images_per_s']:>10.0f} {peak}")
 if kinds.get("allreduce"):
     print()

@@ -4,6 +4,14 @@ GPU, drop_last, one warm-up epoch, then the median of the timed epochs.
   --paths 1gpu,dp,ddp   1gpu: eager on cuda:0; dp: nn.DataParallel over every GPU;
                         ddp: DistributedDataParallel, one process per GPU (NCCL)
   --allreduce           also NCCL allreduce bus bandwidth from 4 KB to 256 MB (2 processes)
+  --cudnn-benchmark     torch.backends.cudnn.benchmark = True (every path; "+bench")
+
+PyTorch's faster recipes, for 1gpu only, combinable (dp and ddp are skipped when one is given):
+  --channels-last       model and batches in torch.channels_last ("+cl")
+  --bf16                forward and loss under autocast(bfloat16), float32 weights ("+bf16")
+  --cuda-graph          the whole step captured once in a CUDA graph and replayed ("graph")
+  --compile             torch.compile(model), default mode ("compile"); no row if it fails
+The 1gpu path is named like bench_train's: eager|graph|compile|compile+graph, then +cl+bf16+bench.
 
 Prints one JSON object per measurement on stdout.
 """
@@ -64,6 +72,15 @@ def bench_tag(args):
     return "+bench" if args.cudnn_benchmark else ""
 
 
+def one_gpu_only(args):
+    return args.channels_last or args.bf16 or args.cuda_graph or args.compile
+
+
+def one_gpu_name(args):
+    mode = "+".join(m for m, on in (("compile", args.compile), ("graph", args.cuda_graph)) if on) or "eager"
+    return mode + "+cl" * args.channels_last + "+bf16" * args.bf16 + bench_tag(args)
+
+
 def epoch_times(run_epoch, epochs, device):
     run_epoch()
     torch.cuda.synchronize(device)
@@ -83,28 +100,69 @@ def emit(**kw):
 
 def single_or_dp(args, model, path, x, y):
     dev = torch.device("cuda:0")
-    net = make(model).to(dev)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    net = make(model).to(dev, memory_format=fmt)
     torch.cuda.reset_peak_memory_stats(dev)  # after the first allocation: before it, CUDA is not set up
     if path == "dp":
         net = nn.DataParallel(net)
-    opt = torch.optim.SGD(net.parameters(), lr=lr_of(model))
+    opt = torch.optim.SGD(net.parameters(), lr=lr_of(model))  # SGD: no step count, no capturable needed
     n, bs = x.shape[0], args.batch_size
-    xg, yg = x.to(dev), y.to(dev)
+    xg, yg = x.to(dev, memory_format=fmt), y.to(dev)
+    fwd = net
+    name = one_gpu_name(args) if path == "1gpu" else "DataParallel" + bench_tag(args)
+
+    def loss_of(xb, yb):  # autocast's weight cache must be off while capturing a graph
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=not args.cuda_graph):
+            return F.cross_entropy(fwd(xb.contiguous(memory_format=fmt)), yb)
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss_of(xb, yb).backward()
+        opt.step()
+
+    sx, sy = xg[:bs].clone(memory_format=fmt), yg[:bs].clone()  # the graph's static batch
+    g = torch.cuda.CUDAGraph() if args.cuda_graph else None
+    try:  # torch.compile compiles here, on the first forward and backward
+        if args.compile:
+            fwd = torch.compile(net)
+        if g is None:
+            step(sx, sy)
+        else:  # PyTorch's whole-network capture: warm up on a side stream, capture, replay
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    step(sx, sy)
+            torch.cuda.current_stream().wait_stream(s)
+            opt.zero_grad(set_to_none=True)  # backward in the graph allocates the grads it then overwrites
+            with torch.cuda.graph(g):
+                loss_of(sx, sy).backward()
+                opt.step()
+    except Exception as e:
+        if not args.compile:
+            raise
+        msg = (str(e).strip().splitlines() or [""])[0]
+        print(f"torch_parallel.py: {model} {name}: torch.compile failed: {type(e).__name__}: {msg}", file=sys.stderr)
+        return
+
+    def replay(xb, yb):
+        sx.copy_(xb)
+        sy.copy_(yb)
+        g.replay()
+
+    train = step if g is None else replay
 
     def run_epoch():
         perm = torch.randperm(n, device=dev)
-        for i in range(0, n - bs + 1, bs):
+        for i in range(0, n - bs + 1, bs):  # drop_last, on every path
             idx = perm[i:i + bs]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(net(xg[idx]), yg[idx]).backward()
-            opt.step()
+            train(xg[idx], yg[idx])
 
     t = epoch_times(run_epoch, args.epochs, dev)
     ndev = torch.cuda.device_count() if path == "dp" else 1
     med = statistics.median(t)
-    emit(framework="pytorch", model=model, path=("eager" if path == "1gpu" else "DataParallel") + bench_tag(args),
-         devices=ndev, batch_size=bs, median_s=med, images_per_s=(n // bs) * bs / med, epochs_s=t,
-         peak_mb=torch.cuda.max_memory_allocated(dev) / 2**20)
+    emit(framework="pytorch", model=model, path=name, devices=ndev, batch_size=bs, median_s=med,
+         images_per_s=(n // bs) * bs / med, epochs_s=t, peak_mb=torch.cuda.max_memory_allocated(dev) / 2**20)
 
 
 def ddp_worker(rank, world, args, model, port, q):
@@ -193,6 +251,10 @@ def main():
     ap.add_argument("--train-limit", type=int, default=-1)
     ap.add_argument("--allreduce", action="store_true")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    ap.add_argument("--channels-last", action="store_true", help="1gpu: model and batches channels_last")
+    ap.add_argument("--bf16", action="store_true", help="1gpu: forward and loss under autocast(bfloat16)")
+    ap.add_argument("--cuda-graph", action="store_true", help="1gpu: the whole step in one CUDA graph")
+    ap.add_argument("--compile", action="store_true", help="1gpu: torch.compile(model)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     x, y = load(args.data)
@@ -206,6 +268,9 @@ def main():
         for path in args.paths.split(","):
             if path == "dp" and torch.cuda.device_count() < 2:
                 continue  # DDP runs on one GPU too (one process): its overhead over eager
+            if path != "1gpu" and one_gpu_only(args):
+                print(f"torch_parallel.py: {path} skipped: the recipe flags are for 1gpu only", file=sys.stderr)
+                continue
             if path == "ddp":
                 run_ddp(args, model, port)
                 port += 1
