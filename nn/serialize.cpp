@@ -117,7 +117,7 @@ Entry parse_entry(const std::string& file, const std::string& full_name, const P
                ", not a string");
   TANDEM_CHECK(parse_st_dtype(dt.get<std::string>(), e.dtype), Format, file, ": tensor '", name,
                "': dtype ", shown(dt.get<std::string>()),
-               " is not supported (tandem reads F32, F64, I64 and U8)");
+               " is not supported (tandem reads F32, F64, I64, U8 and BF16)");
 
   const ParsedJson& sh = j["shape"];
   TANDEM_CHECK(sh.is_array(), Format, file, ": tensor '", name, "': shape is ", shown(sh),

@@ -102,8 +102,19 @@ TEST_CASE("resnet trains a step on tiny data, on one and two virtual CPU devices
     CHECK(r.code == 0);
     CHECK(r.output.find("epoch   1") != std::string::npos);
   }
+  // Channels-last and bfloat16 autocast, on one device and on two (the from-scratch path).
+  for (const char* devices : {"--device cpu", "--devices cpu:0,cpu:1 --parallel scratch"}) {
+    Result r = run_program(TANDEM_RESNET_PATH, dir, common + " " + devices + " --channels-last --precision bf16");
+    INFO(devices << " -> " << r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output.find("bf16 autocast, channels-last") != std::string::npos);
+    CHECK(r.output.find("epoch   1") != std::string::npos);
+  }
   Result bad = run_program(TANDEM_RESNET_PATH, dir, common + " --lr -1");
   CHECK(bad.code == 2);
+  Result fp16 = run_program(TANDEM_RESNET_PATH, dir, common + " --precision fp16");
+  CHECK(fp16.code == 2);
+  CHECK(fp16.output.find("fp16") != std::string::npos);
 }
 
 TEST_CASE("lenet rejects bad input with a one-line error and a non-zero exit", "[examples]") {
