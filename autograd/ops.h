@@ -24,6 +24,8 @@ Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
+// relu(a + b) in one kernel (a residual join), the same values bit for bit; broadcasts as add.
+Tensor add_relu(const Tensor& a, const Tensor& b);
 Tensor tanh(const Tensor& x);
 
 Tensor operator+(const Tensor& a, const Tensor& b);

@@ -160,12 +160,28 @@ Tensor sigmoid(const Tensor& x) {
   return y;
 }
 
+// ReLU keeps its output for the backward (y > 0 exactly where x > 0), as PyTorch does: the
+// next layer keeps that tensor anyway, while the input (a batch-norm output) would be one more
+// activation alive until the backward.
 Tensor relu(const Tensor& x) {
   Tensor y = kernels::unary(UnaryOp::Relu, x);
   if (autograd::any_requires_grad({&x})) {
-    record("Relu", {x}, {y}, [x = saved(x)](TensorList&& g) -> TensorList {
-      return {kernels::binary(BinaryOp::ReluBackward, g[0], x)};
+    record("Relu", {x}, {y}, [y = saved(y)](TensorList&& g) -> TensorList {
+      return {kernels::binary(BinaryOp::ReluBackward, g[0], y)};
     });
+  }
+  return y;
+}
+
+Tensor add_relu(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::binary(BinaryOp::AddRelu, a, b);
+  if (autograd::any_requires_grad({&a, &b})) {
+    record("AddRelu", {a, b}, {y},
+           [sa = a.shape(), sb = b.shape(), na = needs_grad(a), nb = needs_grad(b),
+            y = saved(y)](TensorList&& g) -> TensorList {
+             const Tensor gs = kernels::binary(BinaryOp::ReluBackward, g[0], y);
+             return {reduce_to(na, gs, sa), reduce_to(nb, gs, sb)};
+           });
   }
   return y;
 }

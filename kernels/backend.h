@@ -15,13 +15,15 @@ namespace tandem {
 
 enum class UnaryOp : uint8_t { Neg, Exp, Log, Sigmoid, Relu, Tanh, Sqrt, Abs, Square, Reciprocal };
 
-// Binary ops; the *Backward ones fuse an activation's backward:
-//   ReluBackward(g, x) = g * (x > 0)
+// Binary ops; AddRelu(a, b) = relu(a + b) (the sum rounded to the dtype first, so it equals
+// the two ops bit for bit: a residual join in one pass); the *Backward ones fuse an
+// activation's backward:
+//   ReluBackward(g, x) = g * (x > 0)             (x = relu input or output: the same mask)
 //   SigmoidBackward(g, y) = g * y * (1 - y)      (y = sigmoid output)
 //   TanhBackward(g, y) = g * (1 - y * y)         (y = tanh output)
 // Eq yields 1 or 0 in the output dtype (same as the inputs).
 enum class BinaryOp : uint8_t {
-  Add, Sub, Mul, Div, Max, Min, Eq, ReluBackward, SigmoidBackward, TanhBackward
+  Add, Sub, Mul, Div, Max, Min, Eq, AddRelu, ReluBackward, SigmoidBackward, TanhBackward
 };
 
 // x op s, and RSub = s - x, RDiv = s / x, Pow = x^s.

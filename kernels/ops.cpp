@@ -53,6 +53,8 @@ const char* binary_name(BinaryOp op) {
       return "minimum";
     case BinaryOp::Eq:
       return "eq";
+    case BinaryOp::AddRelu:
+      return "add_relu";
     case BinaryOp::ReluBackward:
       return "relu_backward";
     case BinaryOp::SigmoidBackward:

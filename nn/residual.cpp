@@ -27,7 +27,7 @@ Tensor Residual::forward_impl(const Tensor& x) {
   Tensor y = relu(bn1()(conv1()(x)));  // [N, out, H', W']
   y = bn2()(conv2()(y));
   Tensor shortcut = use_1x1conv_ ? child_as<Conv2d>("conv3")(x) : x;
-  return relu(y + shortcut);
+  return add_relu(y, shortcut);  // relu(y + shortcut) in one pass
 }
 
 }  // namespace tandem::nn

@@ -164,6 +164,11 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
       return run([](C x, C y) { return min_nan(x, y); });
     case BinaryOp::Eq:
       return run([](C x, C y) { return x == y ? C(1) : C(0); });
+    case BinaryOp::AddRelu:  // the sum rounded to T, then relu: relu(add(a, b)) bit for bit
+      return map2<T>(a, b, out, [](T x, T y) {
+        const C s = static_cast<C>(static_cast<T>(static_cast<C>(x) + static_cast<C>(y)));
+        return static_cast<T>(s > C(0) ? s : C(0));
+      });
     default:
       break;
   }

@@ -67,6 +67,10 @@ struct BinaryFn {
     if constexpr (OP == BinaryOp::Max) return (a > b || a != a) ? x : y;
     if constexpr (OP == BinaryOp::Min) return (a < b || a != a) ? x : y;
     if constexpr (OP == BinaryOp::Eq) return a == b ? T(1) : T(0);
+    if constexpr (OP == BinaryOp::AddRelu) {  // relu(add(x, y)) bit for bit: the sum rounded to T first
+      const C s = static_cast<C>(static_cast<T>(a + b));
+      return static_cast<T>(s > C(0) ? s : C(0));
+    }
     if constexpr (kFloat<T>) {
       if constexpr (OP == BinaryOp::Div) return static_cast<T>(a / b);
       if constexpr (OP == BinaryOp::ReluBackward) return b > C(0) ? x : T(0);
@@ -173,6 +177,7 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
     case BinaryOp::Max: return run(Const<BinaryOp::Max>{});
     case BinaryOp::Min: return run(Const<BinaryOp::Min>{});
     case BinaryOp::Eq: return run(Const<BinaryOp::Eq>{});
+    case BinaryOp::AddRelu: return run(Const<BinaryOp::AddRelu>{});
     default: break;
   }
   if constexpr (kFloat<T>) {

@@ -1,6 +1,7 @@
 // Float64 finite-difference checks of the elementwise ops and reductions.
 #include "autograd/ops.h"
 #include "gradcheck_util.h"
+#include "helpers.h"
 
 using namespace tandem;
 using tandem::test::check_gradients;
@@ -101,4 +102,25 @@ TEST_CASE("max routes the gradient to the first maximum of a tie", "[autograd]")
   x.set_requires_grad();
   sum(max(x, {1})).backward();
   REQUIRE(x.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0, 1, 0, 0, 0});
+}
+
+TEST_CASE("add_relu is relu(a + b) bit for bit, with its gradient", "[autograd]") {
+  manual_seed(13);
+  for (const auto& [sa, sb] : {std::pair<Shape, Shape>{{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}}) {
+    INFO("a " << shape_str(sa) << " b " << shape_str(sb));
+    // Values away from the kink a + b = 0, where the finite difference would straddle it.
+    Tensor a = leaf(sa), b = leaf(sb);
+    check_gradients([](const V& in) { return add_relu(in[0], in[1]); }, {a, b});
+    for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+      INFO(dtype_name(dt));
+      const Tensor x = uniform(sa, -1.0, 1.0).to(dt), y = uniform(sb, -1.0, 1.0).to(dt);
+      const Tensor fused = add_relu(x, y), plain = relu(add(x, y));
+      REQUIRE(fused.dtype() == dt);
+      CHECK(tandem::test::values(fused) == tandem::test::values(plain));
+      if (tandem::test::have_cuda()) {
+        const Device g = Device::cuda(0);
+        CHECK(tandem::test::values(add_relu(x.to(g), y.to(g))) == tandem::test::values(plain));
+      }
+    }
+  }
 }
