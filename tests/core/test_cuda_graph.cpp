@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/cuda_graph.h"
 #include "helpers.h"
@@ -133,6 +134,44 @@ TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cu
   for (const auto& [name, t] : eager.net->state_dict()) {
     INFO(name);
     CHECK(values(graphed.net->state_dict().at(name)) == values(t));
+  }
+}
+
+TEST_CASE("graphed channels-last bfloat16 ResNet training equals eager training bit for bit", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Generator gen(5);
+  using namespace nn;
+  // Batch norm, residual blocks with add_relu, a 1x1 shortcut: the layers of ResNet-18.
+  std::shared_ptr<Module> init = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<Conv2d>(1, 8, 3, 1, 1, true, gen), std::make_shared<BatchNorm2d>(8),
+      std::make_shared<ReLU>(), std::make_shared<Residual>(8, 16, true, 2, gen),
+      std::make_shared<Residual>(16, 16, false, 1, gen), std::make_shared<GlobalAvgPool2d>(),
+      std::make_shared<Flatten>(), std::make_shared<Linear>(16, 10, true, gen)});
+  init->to(MemoryFormat::ChannelsLast);
+  LeNetTraining eager(init, gpu), graphed(init, gpu);
+  REQUIRE(suggest_memory_format(graphed.net->parameters()[0]) == MemoryFormat::ChannelsLast);
+  auto bf16_step = [](LeNetTraining& t, const std::vector<Tensor>& in) {
+    AutocastGuard autocast;  // the casts are kernels of the captured step
+    t.step(in);
+  };
+  StepGraph graph([&](const std::vector<Tensor>& in) { bf16_step(graphed, in); });
+  auto data = batches(5, 32, 12, gpu);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (const auto& b : data) {
+      bf16_step(eager, b);
+      graph(b);
+      INFO("epoch " << epoch);
+      CHECK(values(graphed.loss) == values(eager.loss));
+    }
+  }
+  CHECK(graph.eager_reason().empty());
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == 6);
+  auto pe = eager.net->state_dict(), pg = graphed.net->state_dict();
+  for (const auto& [name, t] : pe) {
+    INFO(name);
+    CHECK(values(pg.at(name)) == values(t));
   }
 }
 
