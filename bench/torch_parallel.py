@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_lenet import lenet, load  # noqa: E402
+from torch_lenet import capture_step, lenet, load  # noqa: E402
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -121,23 +121,14 @@ def single_or_dp(args, model, path, x, y):
         opt.step()
 
     sx, sy = xg[:bs].clone(memory_format=fmt), yg[:bs].clone()  # the graph's static batch
-    g = torch.cuda.CUDAGraph() if args.cuda_graph else None
+    g = None
     try:  # torch.compile compiles here, on the first forward and backward
         if args.compile:
             fwd = torch.compile(net)
-        if g is None:
+        if args.cuda_graph:
+            g = capture_step(step, sx, sy, loss_of, opt)
+        else:
             step(sx, sy)
-        else:  # PyTorch's whole-network capture: warm up on a side stream, capture, replay
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    step(sx, sy)
-            torch.cuda.current_stream().wait_stream(s)
-            opt.zero_grad(set_to_none=True)  # backward in the graph allocates the grads it then overwrites
-            with torch.cuda.graph(g):
-                loss_of(sx, sy).backward()
-                opt.step()
     except Exception as e:
         if not args.compile:
             raise

@@ -195,6 +195,10 @@ Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = kCPU);
 Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format);
+// t with exactly the strides of `format` (strides_for): t itself when it has them, else a copy.
+// Unlike t.contiguous(format), a tensor that size-1 dims let address its elements both ways (a
+// [K, 1, 3, 3] weight) is restrided too, so suggest_memory_format then reports `format`.
+Tensor restrided(const Tensor& t, MemoryFormat format);
 // The format of t's strides: ChannelsLast when t is 4-D with exactly the strides of a
 // channels-last tensor (strides_for) and not also those of a contiguous one; else Contiguous.
 // An op writes its output in this format of its inputs (Note [memory formats]).

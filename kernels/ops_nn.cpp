@@ -134,14 +134,11 @@ MemoryFormat kernel_format(const Backend& be, MemoryFormat wanted) {
   return be.supports_channels_last() ? wanted : MemoryFormat::Contiguous;
 }
 
-// `t` (computed in format `have`) with exactly the strides of format `want`: a result the
-// caller reads the format of again (suggest_memory_format), even where size-1 dims make the
-// two layouts the same memory.
+// `t` (computed in format `have`) with exactly the strides of format `want` (restrided): a
+// result the caller reads the format of again, even where size-1 dims make the two layouts the
+// same memory.
 Tensor in_format(const Tensor& t, MemoryFormat have, MemoryFormat want) {
-  if (have == want) return t;
-  Tensor out(t.shape(), t.dtype(), t.device(), want);
-  out.copy_(t);
-  return out;
+  return have == want ? t : restrided(t, want);
 }
 
 }  // namespace
@@ -294,7 +291,7 @@ void count_correct(const Tensor& logits, const Tensor& target, const Tensor& cor
                ": the counter must be a one-element int64 tensor, got ", correct.str());
   // bfloat16 logits (autocast) are counted in float32: every bfloat16 value is one, so the
   // argmax is the same.
-  const Tensor l = logits.dtype() == kBFloat16 ? logits.to(kFloat32) : logits.contiguous();
+  const Tensor l = logits.dtype() == kBFloat16 ? logits.to(kFloat32) : logits;
   backend_for(logits.device()).count_correct(l.contiguous(), target.contiguous(), correct);
 }
 

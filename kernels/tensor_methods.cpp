@@ -128,6 +128,13 @@ Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format
   return Tensor(shape, dtype, device, format);
 }
 
+Tensor restrided(const Tensor& t, MemoryFormat format) {
+  if (t.strides() == strides_for(t.shape(), format)) return t;
+  Tensor out(t.shape(), t.dtype(), t.device(), format);
+  out.copy_(t);
+  return out;
+}
+
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device(), suggest_memory_format(t)); }
 Tensor zeros_like(const Tensor& t) {
   Tensor z = empty_like(t);

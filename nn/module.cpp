@@ -26,9 +26,9 @@ void move_in_place(const Tensor& t, Device d) {
 // exactly the channels-last strides (strides_for), even where size-1 dims would let the
 // contiguous ones address the same memory: suggest_memory_format, and so the ops, read them.
 void reformat_in_place(const Tensor& t, MemoryFormat format) {
-  if (t.dim() != 4 || t.strides() == strides_for(t.shape(), format)) return;
-  Tensor laid(t.shape(), t.dtype(), t.device(), format);
-  laid.copy_(t.detach());
+  if (t.dim() != 4) return;
+  const Tensor laid = restrided(t.detach(), format);
+  if (laid.storage() == t.storage()) return;  // already laid out so
   TensorImpl* impl = t.impl();
   impl->storage = laid.storage();
   impl->strides = laid.strides();

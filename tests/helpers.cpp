@@ -15,6 +15,14 @@ const bool tf32_off = (set_allow_tf32(false), true);
 
 bool have_cuda() { return cuda_device_count() > 0; }
 
+std::vector<Device> test_devices() {
+  if (!have_cuda()) {
+    WARN("no GPU on this machine: CUDA part skipped");
+    return {kCPU};
+  }
+  return {kCPU, Device::cuda(0)};
+}
+
 std::vector<double> values(const Tensor& t) { return t.to(kCPU, kFloat64).contiguous().to_vector<double>(); }
 
 double rel_error(const Tensor& a, const Tensor& b) {

@@ -12,6 +12,8 @@ namespace tandem::test {
 
 // True when at least one GPU is usable; CUDA sections return early (and say so) otherwise.
 bool have_cuda();
+// The CPU, and cuda:0 when there is a GPU (a test looping over them warns once without one).
+std::vector<Device> test_devices();
 
 // max |a - b| / max(1, max |b|) over all elements, after copying both to the CPU as float64.
 double rel_error(const Tensor& a, const Tensor& b);

@@ -130,6 +130,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   for (Device d : cfg.devices) check_device_exists(d);
   Device home = cfg.devices.front();  // data lives here; batches are split from here
   const bool reporting = reports(cfg);
+  const bool bf16 = cfg.precision == "bf16";  // steps and evaluation under autocast (Note [autocast])
   CsvLog csv(reporting ? cfg.csv : "");  // fails before any work when the file cannot be written
   const bool checkpointing = !cfg.checkpoint_dir.empty();  // its folder was checked with the flags
 
@@ -224,7 +225,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     int64_t batch = first;
     for (const data::Batch& b : train_loader) {
       {
-        AutocastGuard autocast(kBFloat16, cfg.precision == "bf16");  // Note [autocast]
+        AutocastGuard autocast(kBFloat16, bf16);
         stepper->step(b.x, b.y, train_loader.global_batch_rows(batch), loss_sum, correct);
       }
       seen += b.x.size(0);
@@ -262,7 +263,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     s.images_per_s = c[2] / s.seconds;
     progress.finish();
     if (cfg.evaluate) {
-      AutocastGuard autocast(kBFloat16, cfg.precision == "bf16");
+      AutocastGuard autocast(kBFloat16, bf16);
       s.test_acc = evaluate(*stepper, test_loader);
     }
     if (!cfg.trace.empty() && epoch == 1) stepper->write_trace(cfg.trace);  // every rank takes part

@@ -42,15 +42,9 @@ Tensor iota(const Shape& shape) {
 
 // t with exactly the channels-last strides (contiguous(kCL) keeps a tensor that is laid out
 // both ways, such as a [K, 1, 3, 3] or [K, C, 1, 1] weight, as it is).
-Tensor cl(const Tensor& t) {
-  if (t.strides() == strides_for(t.shape(), kCL)) return t;
-  Tensor out(t.shape(), t.dtype(), t.device(), kCL);
-  out.copy_(t);
-  return out;
-}
+Tensor cl(const Tensor& t) { return restrided(t, kCL); }
 bool is_cl(const Tensor& t) { return suggest_memory_format(t) == kCL; }
 
-const Device kGpu = Device::cuda(0);
 
 // A small ResNet-like model: stem convolution (one input channel), batch norm, ReLU, a
 // downsampling residual block with a 1x1 shortcut, an identity block, pooling, a classifier.
@@ -147,12 +141,7 @@ TEST_CASE("elementwise ops keep the channels-last format", "[kernels][memory_for
   Tensor xc = uniform({2, 6, 3, 5}, -1.0, 1.0, kFloat64);
   Tensor yc = uniform({2, 6, 3, 5}, -1.0, 1.0, kFloat64);
   Tensor bias = uniform({6, 1, 1}, -1.0, 1.0, kFloat64);
-  for (bool on_gpu : {false, true}) {
-    if (on_gpu && !test::have_cuda()) {
-      WARN("no GPU on this machine: CUDA part skipped");
-      continue;
-    }
-    const Device d = on_gpu ? kGpu : kCPU;
+  for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
     Tensor x = cl(xc.to(d)), y = yc.to(d), b = bias.to(d);
     Tensor r = kernels::unary(UnaryOp::Relu, x);
@@ -189,12 +178,8 @@ TEST_CASE("channels-last convolution and batch norm equal the contiguous results
       {{4, 1, 12, 12}, {8, 1, 3, 3}, {1, 1, 1, 1}},  // the stem: one input channel
       {{2, 16, 7, 7}, {32, 16, 1, 1}, {2, 2, 0, 0}}, // a 1x1 shortcut
   };
-  for (bool on_gpu : {false, true}) {
-    if (on_gpu && !test::have_cuda()) {
-      WARN("no GPU on this machine: CUDA part skipped");
-      continue;
-    }
-    const Device d = on_gpu ? kGpu : kCPU;
+  for (const Device d : test::test_devices()) {
+    const bool on_gpu = d.is_cuda();
     for (DType dt : {kFloat64, kFloat32}) {
       for (bool graph : {true, false}) {
         if (!on_gpu && !graph) continue;  // the cuDNN entry point matters on the GPU only
@@ -255,12 +240,7 @@ TEST_CASE("channels-last convolution and batch norm equal the contiguous results
 
 TEST_CASE("gradcheck through channels-last convolution, batch norm, ReLU and add",
           "[autograd][memory_format]") {
-  for (bool on_gpu : {false, true}) {
-    if (on_gpu && !test::have_cuda()) {
-      WARN("no GPU on this machine: CUDA part skipped");
-      continue;
-    }
-    const Device d = on_gpu ? kGpu : kCPU;
+  for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
     Tensor x = cl(uniform({2, 3, 5, 4}, -1.0, 1.0, kFloat64).to(d)).set_requires_grad();
     Tensor w = cl(uniform({3, 3, 3, 3}, -0.5, 0.5, kFloat64).to(d)).set_requires_grad();
@@ -283,12 +263,8 @@ TEST_CASE("gradcheck through channels-last convolution, batch norm, ReLU and add
 TEST_CASE("a channels-last model trains to the parameters of the contiguous one", "[nn][memory_format]") {
   Tensor x = randn({6, 1, 12, 12});
   Tensor y = from_vector<int64_t>({0, 1, 2, 3, 0, 1}, {6});
-  for (bool on_gpu : {false, true}) {
-    if (on_gpu && !test::have_cuda()) {
-      WARN("no GPU on this machine: CUDA part skipped");
-      continue;
-    }
-    const Device d = on_gpu ? kGpu : kCPU;
+  for (const Device d : test::test_devices()) {
+    const bool on_gpu = d.is_cuda();
     INFO("on " << d.str());
     auto ref = small_resnet(3);
     auto net = small_resnet(3);

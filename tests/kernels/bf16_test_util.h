@@ -19,6 +19,12 @@ inline Tensor rnd_bf16(const Shape& shape, double lo = -1.0, double hi = 1.0, De
   return uniform(shape, lo, hi, kFloat32).to(d, kBFloat16);
 }
 
+inline Tensor f32(const Tensor& t) { return t.to(kFloat32); }
+inline Tensor bf16(const Tensor& t) { return t.to(kBFloat16); }
+
+// Element (r, c) of a 2-D tensor set to v (for NaNs, ties and equal pairs).
+inline void set(const Tensor& t, int64_t r, int64_t c, float v) { t.select(0, r).slice(0, c, c + 1).fill_(v); }
+
 // The bit patterns of a bfloat16 tensor, in row-major order.
 inline std::vector<uint16_t> bf16_bits(const Tensor& t) {
   REQUIRE(t.dtype() == kBFloat16);

@@ -17,6 +17,7 @@
 #include "catch.h"
 #include "core/generator.h"
 #include "helpers.h"
+#include "kernels/bf16_test_util.h"
 #include "kernels/ops.h"
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
@@ -30,6 +31,8 @@
 using namespace tandem;
 using tandem::test::rel_error;
 using tandem::test::values;
+using tandem::test::bf16;
+using tandem::test::f32;
 
 namespace {
 
@@ -37,20 +40,7 @@ const Device kGpu = Device::cuda(0);
 constexpr double kOneRounding = 1.0 / 256;  // 2^-8
 constexpr double kGpuVsCpu = 1.0 / 64;      // 2^-6
 
-Tensor bf(const Tensor& t) { return t.to(kBFloat16); }
-Tensor f32(const Tensor& t) { return t.to(kFloat32); }
-
-Tensor channels_last(const Tensor& t) {
-  Tensor out(t.shape(), t.dtype(), t.device(), MemoryFormat::ChannelsLast);
-  out.copy_(t);
-  return out;
-}
-
-std::vector<Device> devices() {
-  std::vector<Device> d{kCPU};
-  if (test::have_cuda()) d.push_back(kGpu);
-  return d;
-}
+Tensor channels_last(const Tensor& t) { return restrided(t, MemoryFormat::ChannelsLast); }
 
 }  // namespace
 
@@ -65,19 +55,19 @@ TEST_CASE("bfloat16 convolution equals the float32 one on the same values, round
   if (!test::have_cuda()) WARN("no GPU on this machine: CUDA part skipped");
   for (const Case& c : cases) {
     INFO("x " << shape_str(c.x) << " w " << shape_str(c.w));
-    const Tensor x = bf(uniform(c.x, -1.0, 1.0)), w = bf(uniform(c.w, -1.0, 1.0)), b = bf(uniform({c.w[0]}, -1.0, 1.0));
+    const Tensor x = bf16(uniform(c.x, -1.0, 1.0)), w = bf16(uniform(c.w, -1.0, 1.0)), b = bf16(uniform({c.w[0]}, -1.0, 1.0));
     // The float32 reference on exactly the bfloat16 values.
     const Tensor y32 = kernels::conv2d(f32(x), f32(w), f32(b), c.p);
     const Tensor y = kernels::conv2d(x, w, b, c.p);
     REQUIRE(y.dtype() == kBFloat16);
-    CHECK(values(y) == values(bf(y32)));  // the CPU: one rounding of the float32 result
-    const Tensor dy = bf(uniform(y.shape(), -1.0, 1.0));
+    CHECK(values(y) == values(bf16(y32)));  // the CPU: one rounding of the float32 result
+    const Tensor dy = bf16(uniform(y.shape(), -1.0, 1.0));
     const Tensor dx = kernels::conv2d_backward_input(dy, w, c.p, c.x);
-    CHECK(values(dx) == values(bf(kernels::conv2d_backward_input(f32(dy), f32(w), c.p, c.x))));
+    CHECK(values(dx) == values(bf16(kernels::conv2d_backward_input(f32(dy), f32(w), c.p, c.x))));
     auto [dw, db] = kernels::conv2d_backward_weight(x, dy, c.p, c.w, true);
     auto [dw32, db32] = kernels::conv2d_backward_weight(f32(x), f32(dy), c.p, c.w, true);
-    CHECK(values(dw) == values(bf(dw32)));
-    CHECK(values(db) == values(bf(db32)));
+    CHECK(values(dw) == values(bf16(dw32)));
+    CHECK(values(db) == values(bf16(db32)));
     CHECK(rel_error(y, y32) <= kOneRounding);
     if (!test::have_cuda()) continue;
     for (bool cl : {false, true}) {
@@ -99,7 +89,7 @@ TEST_CASE("batch norm of bfloat16 activations with float32 parameters", "[kernel
   for (const Shape& shape : {Shape{8, 16, 5, 6}, Shape{4, 6, 7, 7}, Shape{16, 9}}) {
     INFO(shape_str(shape));
     const int64_t c = shape[1];
-    const Tensor x = bf(uniform(shape, -2.0, 3.0));
+    const Tensor x = bf16(uniform(shape, -2.0, 3.0));
     const Tensor gamma = uniform({c}, 0.5, 1.5), beta = uniform({c}, -0.5, 0.5);
     Tensor rm = zeros({c}), rv = ones({c});
     Tensor rm32 = zeros({c}), rv32 = ones({c});
@@ -107,18 +97,18 @@ TEST_CASE("batch norm of bfloat16 activations with float32 parameters", "[kernel
     auto r32 = kernels::batch_norm_train(f32(x), gamma, beta, rm32, rv32, 0.1, 1e-5);
     REQUIRE(r.y.dtype() == kBFloat16);
     REQUIRE(r.save_mean.dtype() == kFloat32);
-    CHECK(values(r.y) == values(bf(r32.y)));
+    CHECK(values(r.y) == values(bf16(r32.y)));
     CHECK(values(r.save_mean) == values(r32.save_mean));
     CHECK(values(rv) == values(rv32));
-    const Tensor dy = bf(uniform(shape, -1.0, 1.0));
+    const Tensor dy = bf16(uniform(shape, -1.0, 1.0));
     auto g = kernels::batch_norm_backward(dy, x, gamma, r.save_mean, r.save_invstd);
     auto g32 = kernels::batch_norm_backward(f32(dy), f32(x), gamma, r32.save_mean, r32.save_invstd);
     REQUIRE(g.dx.dtype() == kBFloat16);
     REQUIRE(g.dgamma.dtype() == kFloat32);
-    CHECK(values(g.dx) == values(bf(g32.dx)));
+    CHECK(values(g.dx) == values(bf16(g32.dx)));
     CHECK(values(g.dgamma) == values(g32.dgamma));
     // Mixed means float32 statistics: bfloat16 ones are refused by name.
-    CHECK(test::contains(test::error_message<DTypeError>([&] { kernels::batch_norm_train(x, bf(gamma), beta, rm, rv, 0.1, 1e-5); }),
+    CHECK(test::contains(test::error_message<DTypeError>([&] { kernels::batch_norm_train(x, bf16(gamma), beta, rm, rv, 0.1, 1e-5); }),
                          "needs float32 per-channel tensors"));
     if (!test::have_cuda()) continue;
     for (bool cl : {false, true}) {
@@ -143,19 +133,19 @@ TEST_CASE("batch norm of bfloat16 activations with float32 parameters", "[kernel
 }
 
 TEST_CASE("bfloat16 pooling is float32 pooling rounded once", "[kernels][bf16]") {
-  const Tensor x = bf(uniform({2, 3, 8, 8}, -1.0, 1.0));
-  for (const Device d : devices()) {
+  const Tensor x = bf16(uniform({2, 3, 8, 8}, -1.0, 1.0));
+  for (const Device d : test::test_devices()) {
     for (PoolMode mode : {PoolMode::Max, PoolMode::Avg}) {
       INFO("on " << d.str() << " mode " << static_cast<int>(mode));
       const Pool2dParams p{3, 3, 2, 2, 1, 1};
       const Tensor y = kernels::pool2d(mode, x.to(d), p);
       REQUIRE(y.dtype() == kBFloat16);
       const Tensor y32 = kernels::pool2d(mode, f32(x), p);
-      CHECK(values(y) == values(bf(y32)));
-      const Tensor dy = bf(uniform(y.shape(), -1.0, 1.0));
+      CHECK(values(y) == values(bf16(y32)));
+      const Tensor dy = bf16(uniform(y.shape(), -1.0, 1.0));
       const Tensor dx = kernels::pool2d_backward(mode, x.to(d), y, dy.to(d), p);
       REQUIRE(dx.dtype() == kBFloat16);
-      CHECK(values(dx) == values(bf(kernels::pool2d_backward(mode, f32(x), f32(y.to(kCPU)), f32(dy), p))));
+      CHECK(values(dx) == values(bf16(kernels::pool2d_backward(mode, f32(x), f32(y.to(kCPU)), f32(dy), p))));
     }
   }
 }
@@ -171,7 +161,7 @@ TEST_CASE("a small ResNet trained under autocast stays near float32 training", "
   };
   const Tensor x = randn({8, 1, 10, 10});
   const Tensor y = from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8});
-  for (const Device d : devices()) {
+  for (const Device d : test::test_devices()) {
     for (bool cl : {false, true}) {
       INFO("on " << d.str() << ", channels-last " << cl);
       auto ref = make(), net = make();

@@ -18,22 +18,6 @@
 using namespace tandem;
 using namespace tandem::test;
 
-namespace {
-
-Tensor f32(const Tensor& t) {
-  return t.to(kFloat32);
-}
-Tensor bf16(const Tensor& t) {
-  return t.to(kBFloat16);
-}
-
-// Element (r, c) of a 2-D tensor set to v (for NaNs, ties and equal pairs).
-void set(const Tensor& t, int64_t r, int64_t c, float v) {
-  t.select(0, r).slice(0, c, c + 1).fill_(v);
-}
-
-}  // namespace
-
 TEST_CASE("cpu bfloat16 fill and copies with dtype conversion", "[kernels][bf16]") {
   Tensor t = zeros({5, 6}, kBFloat16);
   t.slice(1, 1, 4).fill_(0.1);  // strided fill

@@ -28,18 +28,6 @@
 using namespace tandem;
 using namespace tandem::test;
 
-namespace {
-
-Tensor bf16(const Tensor& t) {
-  return t.to(kBFloat16);
-}
-
-void set(const Tensor& t, int64_t r, int64_t c, float v) {
-  t.select(0, r).slice(0, c, c + 1).fill_(v);
-}
-
-}  // namespace
-
 TEST_CASE("cuda bfloat16 fill and copies equal the cpu", "[cuda][bf16]") {
   TANDEM_REQUIRE_CUDA();
   Tensor c = zeros({9, 11}, kBFloat16), g = zeros({9, 11}, kBFloat16, kGpu);
