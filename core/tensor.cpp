@@ -29,10 +29,6 @@ Strides contiguous_strides(const Shape& s) {
   return st;
 }
 
-const char* memory_format_name(MemoryFormat f) {
-  return f == MemoryFormat::ChannelsLast ? "channels_last" : "contiguous";
-}
-
 Strides strides_for(const Shape& s, MemoryFormat f) {
   if (f == MemoryFormat::Contiguous) return contiguous_strides(s);
   TANDEM_CHECK(s.size() == 4, Shape, "channels_last: expected a 4-D [N, C, H, W] shape, got ", shape_str(s));

@@ -49,7 +49,6 @@ Strides contiguous_strides(const Shape& s);
 // kernels (the CPU) get contiguous inputs and their result is converted, so the CPU stays the
 // reference for both formats.
 enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast };
-const char* memory_format_name(MemoryFormat f);
 // The strides of a dense tensor of `s` in format f (ChannelsLast needs 4 dims).
 Strides strides_for(const Shape& s, MemoryFormat f);
 
@@ -190,11 +189,11 @@ class Tensor {
 
 // ---- factories (kernels/tensor_methods.cpp, except contiguous_span and split_views:
 //      core/tensor.cpp) --------------------------------------------------------------------
-Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
+Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU,
+             MemoryFormat format = MemoryFormat::Contiguous);
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = kCPU);
-Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format);
 // t with exactly the strides of `format` (strides_for): t itself when it has them, else a copy.
 // Unlike t.contiguous(format), a tensor that size-1 dims let address its elements both ways (a
 // [K, 1, 3, 3] weight) is restrided too, so suggest_memory_format then reports `format`.

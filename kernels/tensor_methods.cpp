@@ -68,10 +68,7 @@ void Tensor::fill_(double value) const {
 Tensor Tensor::contiguous() const { return contiguous(MemoryFormat::Contiguous); }
 
 Tensor Tensor::contiguous(MemoryFormat format) const {
-  if (is_contiguous(format)) return *this;
-  Tensor out(shape(), dtype(), device(), format);
-  out.copy_(*this);
-  return out;
+  return is_contiguous(format) ? *this : restrided(*this, format);
 }
 
 Tensor Tensor::clone() const {
@@ -110,9 +107,9 @@ template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 // ---- factories ------------------------------------------------------------------------
 
-Tensor empty(const Shape& shape, DType dtype, Device device) {
+Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
   check_device_exists(device);
-  return Tensor(shape, dtype, device);
+  return Tensor(shape, dtype, device, format);
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
@@ -123,11 +120,6 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
-Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
-  check_device_exists(device);
-  return Tensor(shape, dtype, device, format);
-}
-
 Tensor restrided(const Tensor& t, MemoryFormat format) {
   if (t.strides() == strides_for(t.shape(), format)) return t;
   Tensor out(t.shape(), t.dtype(), t.device(), format);
