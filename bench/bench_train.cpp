@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     if (cfg.group && cfg.group->options().high_priority_stream) ddp_variant += ",hi-prio";
     std::string path = cfg.group ? "ddp/" + cfg.group->backend() + ddp_variant
                        : cfg.devices.size() == 1
-                           ? (cfg.cuda_graph && cfg.devices.front().is_cuda() && cfg.optimizer != "adam" ? "graph" : "eager")
+                           ? (cfg.cuda_graph && cfg.devices.front().is_cuda() ? "graph" : "eager")
                                                  : cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "");
     if (cfg.channels_last) path += "+cl";
     if (cfg.precision == "bf16") path += "+bf16";

@@ -21,10 +21,13 @@
 //
 // Note [graph-safe steps]: a captured step replays kernels, not host code. The step given to
 // StepGraph must therefore, after its warm-up steps, change no host state that its kernels
-// depend on: no host-side counter baked into a kernel argument (Adam's step count, a learning
-// rate: call invalidate() when one changes, and the next step captures again), no tensors
-// created and kept (a capture that leaves memory allocated during it in use is refused with
-// an error), no host reads of device values (they synchronize: capture fails, eager from then).
+// depend on: no host value baked into a kernel argument that later changes (a plain
+// optimizer's learning rate: call invalidate() when it changes, and the next step captures
+// again; a plain Adam's step count changes at every step; a capturable optimizer keeps both in
+// device memory, where the replays read them: Note [capturable optimizer steps] in
+// nn/optim/optimizer.h), no tensors created and kept (a capture that leaves memory allocated
+// during it in use is refused with an error), no host reads of device values (they
+// synchronize: capture fails, eager from then).
 // What it writes for the caller goes into tensors it owns, created before the capture.
 #include <functional>
 #include <memory>

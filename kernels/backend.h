@@ -46,16 +46,27 @@ struct Pool2dParams {
   // default count_include_pad=True and cuDNN's CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING.
 };
 
+// The optimizer steps' inputs. The host values are kernel arguments; a capturable step
+// (Note [capturable optimizer steps] in nn/optim/optimizer.h) passes what changes between steps
+// -- the learning rate, Adam's step count -- in device memory instead, so that a step replayed
+// from a CUDA graph reads the current values.
 struct SgdParams {
   double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false;
   bool first_step = true;  // momentum buffer is initialised to the gradient on the first step
+  // Defined: float64 [] on the parameter's device, the learning rate the kernel reads instead
+  // of `lr`. It is cast to the element type just as `lr` is, so the update is the same bits.
+  Tensor lr_tensor;
 };
 
 struct AdamParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   int64_t step = 1;  // 1-based, for bias correction
   bool decoupled_weight_decay = false;  // AdamW when true
+  // Defined: float64 [3] on the parameter's device as adam_advance_step writes it,
+  // {lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t), 1 - lr * weight_decay}; the kernel reads these
+  // instead of deriving them from `lr` and `step` (then unused).
+  Tensor consts;
 };
 
 class Backend {
@@ -158,6 +169,12 @@ class Backend {
                         const SgdParams& p) = 0;
   virtual void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                          const Tensor& v, const AdamParams& p) = 0;
+  // A capturable Adam step's first kernel: step (float32 [], PyTorch's state["step"]) += 1,
+  // then consts (float64 [3]) as AdamParams::consts describes, with t the new count, lr
+  // (float64 []) read from memory and beta1, beta2, weight_decay from p. All on one device;
+  // one thread's work.
+  virtual void adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                                 const AdamParams& p) = 0;
 };
 
 // Process-wide speed/precision settings of the CUDA backend, read when a cuDNN convolution
@@ -183,12 +200,13 @@ class Backend {
 //   (Note [deterministic reductions]). Off: nondeterministic engines (atomic accumulation)
 //   may be chosen where cuDNN ranks or times them first. Environment:
 //   TANDEM_CUDNN_DETERMINISTIC=0 turns it off.
-// direct_wgrad (default true): the weight gradient of convolutions with few input channels
-//   comes from tandem's own deterministic kernels instead of cuDNN's heuristics' choice (Note
-//   [direct weight gradient] in kernels/cuda/conv_wgrad.cu); not in benchmark mode, which
-//   times cuDNN's engines, nor channels-last. Environment: TANDEM_DIRECT_WGRAD=0 turns it off.
-void set_direct_wgrad(bool on);
-bool direct_wgrad();
+// direct_conv (default true): convolutions of few input channels at stride 1 (LeNet's, ResNet's
+//   first) run tandem's own deterministic forward, input-gradient and weight-gradient kernels
+//   instead of cuDNN's engines, in every mode (Note [direct convolution] in
+//   kernels/cuda/conv_direct.cu); packed NCHW float32/float64 only. Environment:
+//   TANDEM_DIRECT_CONV=0 turns it off.
+void set_direct_conv(bool on);
+bool direct_conv();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

@@ -29,14 +29,14 @@ std::atomic<bool>& deterministic_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_DETERMINISTIC", true)};
   return flag;
 }
-std::atomic<bool>& direct_wgrad_flag() {
-  static std::atomic<bool> flag{env_flag("TANDEM_DIRECT_WGRAD", true)};
+std::atomic<bool>& direct_conv_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_DIRECT_CONV", true)};
   return flag;
 }
 }  // namespace
 
-void set_direct_wgrad(bool on) { direct_wgrad_flag() = on; }
-bool direct_wgrad() { return direct_wgrad_flag(); }
+void set_direct_conv(bool on) { direct_conv_flag() = on; }
+bool direct_conv() { return direct_conv_flag(); }
 void set_cudnn_deterministic(bool on) { deterministic_flag() = on; }
 bool cudnn_deterministic() { return deterministic_flag(); }
 void set_cudnn_graph_api(bool on) { graph_flag() = on; }

@@ -81,9 +81,17 @@ struct BatchNormGrads {
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd);
 
+// In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
+// SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and
+// device, named in the error.
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
               const SgdParams& p);
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                const AdamParams& p);
+// step (float32 []) += 1 and consts (float64 [3]) from it, lr (float64 []) and p's betas and
+// weight decay: the first kernel of a capturable Adam step (Backend::adam_advance_step). No
+// host synchronization.
+void adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                       const AdamParams& p);
 
 }  // namespace tandem::kernels

@@ -113,6 +113,19 @@ void check_state_layout(const char* op, const Tensor& param, const Tensor& t, co
                " is laid out differently from its parameter (memory format)");
 }
 
+// A device-resident scalar input of a capturable optimizer step: `numel` contiguous values of
+// `dtype` on `device`.
+void check_step_input(const char* op, const Tensor& t, DType dtype, int64_t numel, Device device,
+                      const char* name) {
+  TANDEM_CHECK(t.defined(), Value, op, ": ", name, " is undefined");
+  TANDEM_CHECK(t.dtype() == dtype, DType, op, ": ", name, " must be ", dtype_name(dtype), ", got ",
+               dtype_name(t.dtype()));
+  TANDEM_CHECK(t.numel() == numel && t.is_contiguous(), Shape, op, ": ", name, " must be ", numel,
+               " contiguous value", numel == 1 ? "" : "s", ", got ", shape_str(t.shape()));
+  TANDEM_CHECK(t.device() == device, Device, op, ": ", name, " is on ", t.device().str(),
+               ", the step runs on ", device.str());
+}
+
 }  // namespace
 
 // ---- convolution ------------------------------------------------------------------------
@@ -403,6 +416,8 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
     check_in_place(op, momentum_buf, "momentum_buf");
     check_state_layout(op, param, momentum_buf, "momentum_buf");
   }
+  if (p.lr_tensor.defined())
+    check_step_input(op, p.lr_tensor, kFloat64, 1, param.device(), "lr_tensor");
   backend_for(param.device()).sgd_step(param, layout_of(grad, param), momentum_buf, p);
 }
 
@@ -419,10 +434,28 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const T
   check_in_place(op, v, "v");
   check_state_layout(op, param, m, "m");
   check_state_layout(op, param, v, "v");
-  TANDEM_CHECK(p.step >= 1, Value, op, ": step is 1-based, got ", p.step);
+  if (p.consts.defined()) {
+    check_step_input(op, p.consts, kFloat64, 3, param.device(), "consts");
+  } else {
+    TANDEM_CHECK(p.step >= 1, Value, op, ": step is 1-based, got ", p.step);
+  }
   TANDEM_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, Value, op,
                ": betas must be in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
   backend_for(param.device()).adam_step(param, layout_of(grad, param), m, v, p);
+}
+
+void adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                       const AdamParams& p) {
+  const char* op = "adam_advance_step";
+  TANDEM_CHECK(step.defined(), Value, op, ": step is undefined");
+  const Device d = step.device();
+  check_step_input(op, step, kFloat32, 1, d, "step");
+  check_step_input(op, lr, kFloat64, 1, d, "lr");
+  check_step_input(op, consts, kFloat64, 3, d, "consts");
+  TANDEM_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, Value, op,
+               ": betas must be in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
+  TANDEM_CHECK(p.weight_decay >= 0, Value, op, ": weight_decay must be >= 0, got ", p.weight_decay);
+  backend_for(d).adam_advance_step(step, lr, consts, p);
 }
 
 }  // namespace tandem::kernels

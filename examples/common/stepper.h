@@ -64,8 +64,10 @@ class Stepper {
 // group's device), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
 
-// cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay.
+// cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay;
+// capturable for a step replayed from a CUDA graph (Note [capturable optimizer steps]).
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
-                                                     std::vector<Tensor> params);
+                                                     std::vector<Tensor> params,
+                                                     bool capturable = false);
 
 }  // namespace tandem::examples

@@ -25,13 +25,16 @@
 
 namespace tandem::examples {
 
-std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
+std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
+                                                     std::vector<Tensor> params, bool capturable) {
   if (cfg.optimizer == "adam")
     return std::make_unique<nn::optim::Adam>(
-        std::move(params), nn::optim::AdamOptions(cfg.lr).weight_decay(cfg.weight_decay));
-  return std::make_unique<nn::optim::SGD>(
-      std::move(params),
-      nn::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).weight_decay(cfg.weight_decay));
+        std::move(params),
+        nn::optim::AdamOptions(cfg.lr).weight_decay(cfg.weight_decay).capturable(capturable));
+  return std::make_unique<nn::optim::SGD>(std::move(params), nn::optim::SGDOptions(cfg.lr)
+                                                                 .momentum(cfg.momentum)
+                                                                 .weight_decay(cfg.weight_decay)
+                                                                 .capturable(capturable));
 }
 
 namespace {
@@ -57,21 +60,24 @@ constexpr int64_t kTracedSteps = 5;
 // GPU the step is then captured into a CUDA graph after two eager steps and replayed
 // (core/cuda_graph.h): one launch for the ~60 kernels of a LeNet step instead of ~60. The step
 // is graph-safe (Note [graph-safe steps]): it writes its loss and its right answers into
-// buffers of its own, which step() adds to the epoch's counts; a new learning rate captures
-// again; Adam keeps its step count on the host, so Adam steps run eagerly.
+// buffers of its own, which step() adds to the epoch's counts, and the optimizer is then
+// capturable (Note [capturable optimizer steps] in nn/optim/optimizer.h): the learning rate
+// and Adam's step count live on the GPU, so a new learning rate is a fill between replays, not
+// a new capture, and Adam steps are graphed like SGD's.
 class SingleDeviceStepper final : public Stepper {
  public:
   explicit SingleDeviceStepper(const TrainConfig& cfg)
       : model_(build_model(cfg)),
         graph_([this](const std::vector<Tensor>& in) { train_step(in[0], in[1]); },
-               {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph && cfg.optimizer != "adam"}) {
+               {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph}) {
     const Device d = cfg.devices.front();
     model_->to(d);
     model_->train();
     parallel::try_coalesce(model_->parameters());
     grads_ = parallel::FlatBuffer(model_->parameters());
     grads_.attach();
-    opt_ = make_optimizer(cfg, model_->parameters());
+    // Only a graph needs it: StepGraph runs CPU steps eagerly.
+    opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
     step_loss_ = zeros({}, kFloat32, d);
     step_correct_ = zeros({1}, kInt64, d);
   }
@@ -82,11 +88,9 @@ class SingleDeviceStepper final : public Stepper {
     kernels::axpby_(1.0, step_correct_, 1.0, correct);
   }
 
-  void set_lr(double lr) override {
-    if (lr == opt_->lr()) return;
-    opt_->set_lr(lr);
-    graph_.invalidate();  // the learning rate is a kernel argument of the captured update
-  }
+  // A capturable optimizer writes the new rate into its device tensor, which the replays read:
+  // the graph stays. (Without a graph there is nothing to capture again.)
+  void set_lr(double lr) override { opt_->set_lr(lr); }
   nn::Module& eval_model() override { return *model_; }
   nn::Module& model() override { return *model_; }
   nn::optim::Optimizer& optimizer() override { return *opt_; }

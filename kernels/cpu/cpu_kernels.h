@@ -71,6 +71,8 @@ class CpuBackend final : public Backend {
                 const SgdParams& p) override;
   void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                  const AdamParams& p) override;
+  void adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                         const AdamParams& p) override;
 };
 
 // Accumulator type of sums: double for floating types, bfloat16 included (float32 sums of

@@ -1,6 +1,7 @@
 // Optimizer updates, one fused pass per parameter tensor. The arithmetic follows
 // torch.optim.SGD and torch.optim.Adam/AdamW (single-tensor, non-amsgrad) step by step, so a
-// run can be compared with PyTorch's.
+// run can be compared with PyTorch's. A capturable step (Note [capturable optimizer steps] in
+// nn/optim/optimizer.h) reads the learning rate and Adam's step constants from memory.
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -12,9 +13,12 @@ namespace {
 // SGD: d = g + wd * p; with momentum, buf = d on the first step, else
 // buf = momentum * buf + (1 - dampening) * d; then d = nesterov ? d + momentum * buf : buf;
 // finally p -= lr * d.
+// A capturable step (p.lr_tensor defined) reads the learning rate from memory: the same double,
+// cast the same way.
 template <typename T>
 void sgd(T* param, const T* grad, T* buf, int64_t n, const SgdParams& p) {
-  const T lr = static_cast<T>(p.lr), wd = static_cast<T>(p.weight_decay);
+  const double lr_value = p.lr_tensor.defined() ? *p.lr_tensor.data<double>() : p.lr;
+  const T lr = static_cast<T>(lr_value), wd = static_cast<T>(p.weight_decay);
   const T mom = static_cast<T>(p.momentum), damp = static_cast<T>(1.0 - p.dampening);
   const bool use_wd = p.weight_decay != 0.0;
   if (p.momentum == 0.0) {
@@ -33,18 +37,36 @@ void sgd(T* param, const T* grad, T* buf, int64_t n, const SgdParams& p) {
   }
 }
 
+// The step-dependent constants of an Adam step, in double: lr / (1 - b1^t), 1 / sqrt(1 - b2^t)
+// and 1 - lr * wd. The host path (lr and t kernel arguments) and adam_advance_step (both read
+// from memory) share this one function, so a capturable CPU step gives the very same bits.
+struct AdamStepConsts {
+  double step_size, inv_bc2_sqrt, decay;
+};
+
+AdamStepConsts adam_step_consts(double lr, double t, const AdamParams& p) {
+  const double bc1 = 1.0 - std::pow(p.beta1, t);
+  const double bc2 = 1.0 - std::pow(p.beta2, t);
+  return {lr / bc1, 1.0 / std::sqrt(bc2), 1.0 - lr * p.weight_decay};
+}
+
 // Adam: g += wd * p (Adam) or p *= 1 - lr * wd (AdamW); m = b1 m + (1 - b1) g;
 // v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 template <typename T>
 void adam(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& p) {
-  const double bc1 = 1.0 - std::pow(p.beta1, static_cast<double>(p.step));
-  const double bc2 = 1.0 - std::pow(p.beta2, static_cast<double>(p.step));
-  const T step_size = static_cast<T>(p.lr / bc1);
-  const T inv_bc2_sqrt = static_cast<T>(1.0 / std::sqrt(bc2));
+  AdamStepConsts c;
+  if (p.consts.defined()) {
+    const double* k = p.consts.data<double>();
+    c = {k[0], k[1], k[2]};
+  } else {
+    c = adam_step_consts(p.lr, static_cast<double>(p.step), p);
+  }
+  const T step_size = static_cast<T>(c.step_size);
+  const T inv_bc2_sqrt = static_cast<T>(c.inv_bc2_sqrt);
   const T b1 = static_cast<T>(p.beta1), b2 = static_cast<T>(p.beta2);
   const T one_b1 = static_cast<T>(1.0 - p.beta1), one_b2 = static_cast<T>(1.0 - p.beta2);
   const T eps = static_cast<T>(p.eps), wd = static_cast<T>(p.weight_decay);
-  const T decay = static_cast<T>(1.0 - p.lr * p.weight_decay);
+  const T decay = static_cast<T>(c.decay);
   const bool use_wd = p.weight_decay != 0.0;
   for (int64_t i = 0; i < n; ++i) {
     T g = grad[i];
@@ -81,6 +103,20 @@ void CpuBackend::adam_step(const Tensor& param, const Tensor& grad, const Tensor
     adam<T>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
             static_cast<T*>(m.raw_data()), static_cast<T*>(v.raw_data()), param.numel(), p);
   });
+}
+
+// The CPU runs a kernel when it is called, so the count and the learning rate are read here,
+// on the host: no synchronization to wait for. t is counted in float32 as PyTorch keeps it,
+// exact up to 2^24 steps, where it equals the host path's int64 count.
+void CpuBackend::adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                                   const AdamParams& p) {
+  float* t = step.data<float>();
+  *t += 1.0f;
+  const AdamStepConsts c = adam_step_consts(*lr.data<double>(), static_cast<double>(*t), p);
+  double* out = consts.data<double>();
+  out[0] = c.step_size;
+  out[1] = c.inv_bc2_sqrt;
+  out[2] = c.decay;
 }
 
 }  // namespace tandem::cpu

@@ -34,7 +34,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_graph.h"
-#include "kernels/cuda/conv_wgrad.h"
+#include "kernels/cuda/conv_direct.h"
 #include "kernels/cuda/cudnn_util.h"
 #include "kernels/cuda/handles.h"
 
@@ -280,6 +280,10 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Conv2dParams& p, const Tensor& y) {
   if (y.numel() == 0) return;
   DeviceGuard guard(x.device());
+  if (gpu::direct_conv_applies(gpu::DirectPass::Forward, x, w, y, p)) {  // Note [direct convolution]
+    gpu::direct_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
+    return;
+  }
   dispatch_floating_bf16(x.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gpu::convolve<gpu::FwdPass, T>(x.device(), x, w, y, p);
@@ -312,17 +316,11 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
     return;
   }
-  // Note [direct weight gradient] in conv_wgrad.cu: not in benchmark mode, which times cuDNN's
-  // engines (measured faster: LeNet 0.080 against 0.083 s per epoch with the direct kernel for
-  // its one-channel layer only), and not channels-last (the kernel reads packed NCHW; converting
-  // dy for ResNet's one-channel stem measured slower than cuDNN's NHWC engine: 34.6k against
-  // 36.0k images/s).
-  const bool channels_last = gpu::channels_last(x, dw, dy);
-  if (direct_wgrad() && !gpu::benchmark_mode() && !channels_last &&
-      gpu::direct_wgrad_applies(x, dy, dw.shape(), db.defined())) {
-    gpu::direct_wgrad(x, dy, p, dw, db, current_cuda_stream(dw.device()));
+  if (gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, p)) {
+    gpu::direct_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
+  const bool channels_last = gpu::channels_last(x, dw, dy);
   dispatch_floating_bf16(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gpu::convolve<gpu::BwdFilterPass, T>(dw.device(), x, dw, dy, p);

@@ -79,6 +79,8 @@ class CudaBackend final : public Backend {
                 const SgdParams& p) override;
   void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                  const AdamParams& p) override;
+  void adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                         const AdamParams& p) override;
 };
 
 }  // namespace tandem

@@ -2,7 +2,9 @@
 // torch.optim.Adam/AdamW (single-tensor, non-amsgrad) step by step, with the same constants
 // and the same operation order as kernels/cpu/optim.cpp. The scalar constants (bias
 // corrections, 1 - beta, ...) are computed once on the host in double and passed in the
-// element type.
+// element type -- except in a capturable step (Note [capturable optimizer steps] in
+// nn/optim/optimizer.h), where the learning rate and Adam's step-dependent constants are
+// doubles in device memory that every thread reads and casts, as the host would have.
 #include <cmath>
 
 #include "core/device.h"
@@ -22,9 +24,11 @@ struct SgdConsts {
 
 // d = g + wd * p; with momentum, buf = d on the first step, else
 // buf = momentum * buf + (1 - dampening) * d, and d = nesterov ? d + momentum * buf : buf;
-// finally p -= lr * d.
+// finally p -= lr * d. lr_mem (capturable): the learning rate in memory instead of k.lr.
 template <typename T>
-__global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdConsts<T> k) {
+__global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdConsts<T> k,
+                           const double* lr_mem) {
+  if (lr_mem != nullptr) k.lr = static_cast<T>(*lr_mem);  // round to nearest, as on the host
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     T d = k.use_wd ? grad[i] + k.wd * param[i] : grad[i];
@@ -45,8 +49,16 @@ struct AdamConsts {
 
 // g += wd * p (Adam) or p *= 1 - lr * wd (AdamW); m = b1 m + (1 - b1) g;
 // v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// consts (capturable): {step_size, inv_bc2_sqrt, decay} in memory, as adam_advance_kernel
+// wrote them.
 template <typename T>
-__global__ void adam_kernel(T* param, const T* grad, T* m, T* v, int64_t n, AdamConsts<T> k) {
+__global__ void adam_kernel(T* param, const T* grad, T* m, T* v, int64_t n, AdamConsts<T> k,
+                            const double* consts) {
+  if (consts != nullptr) {
+    k.step_size = static_cast<T>(consts[0]);
+    k.inv_bc2_sqrt = static_cast<T>(consts[1]);
+    k.decay = static_cast<T>(consts[2]);
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     T g = grad[i];
@@ -65,6 +77,26 @@ __global__ void adam_kernel(T* param, const T* grad, T* m, T* v, int64_t n, Adam
     const T denom = d_sqrt(vi) * k.inv_bc2_sqrt + k.eps;
     param[i] = p - k.step_size * mi / denom;
   }
+}
+
+// Note [device Adam constants]: the twin of adam_step_consts in kernels/cpu/optim.cpp, one
+// thread. Division, square root and the 1 - lr * wd are IEEE operations rounded to nearest on
+// both sides; the explicit _rn intrinsics keep nvcc from contracting lr * wd into an FMA, which
+// the host (x86-64 without FMA) does not do, so decay is the host's bits. pow is not: CUDA's
+// double pow is within 2 ulp (CUDA Math API), glibc's within 1, so beta^t may differ by a few
+// ulp of a number below 1, i.e. by at most 3 * 2^-53 absolute; 1 - beta^t then differs
+// relatively by that over 1 - beta^t. Cast to float32 the constants are almost always the
+// host's bits, but that is not a guarantee (tests/nn/test_optim_capturable.cpp checks the bound).
+__global__ void adam_advance_kernel(float* step, const double* lr, double* consts, double beta1,
+                                    double beta2, double weight_decay) {
+  const float t = *step + 1.0f;
+  *step = t;
+  const double bc1 = __dsub_rn(1.0, pow(beta1, static_cast<double>(t)));
+  const double bc2 = __dsub_rn(1.0, pow(beta2, static_cast<double>(t)));
+  const double lr_v = *lr;
+  consts[0] = __ddiv_rn(lr_v, bc1);
+  consts[1] = __ddiv_rn(1.0, __dsqrt_rn(bc2));
+  consts[2] = __dsub_rn(1.0, __dmul_rn(lr_v, weight_decay));
 }
 
 }  // namespace
@@ -86,7 +118,7 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
                               p.first_step,               p.nesterov};
     gpu::sgd_kernel<T><<<gpu::grid_for(n), gpu::kBlock, 0, current_cuda_stream(param.device())>>>(
         gpu::ptr<T>(param), gpu::cptr<T>(grad), use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr,
-        n, k);
+        n, k, p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -98,8 +130,10 @@ void CudaBackend::adam_step(const Tensor& param, const Tensor& grad, const Tenso
   DeviceGuard guard(param.device());
   dispatch_floating(param.dtype(), "adam_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const double bc1 = 1.0 - std::pow(p.beta1, static_cast<double>(p.step));
-    const double bc2 = 1.0 - std::pow(p.beta2, static_cast<double>(p.step));
+    // Capturable: the kernel reads these three from p.consts; p.step and p.lr are unused.
+    const bool in_memory = p.consts.defined();
+    const double bc1 = in_memory ? 1.0 : 1.0 - std::pow(p.beta1, static_cast<double>(p.step));
+    const double bc2 = in_memory ? 1.0 : 1.0 - std::pow(p.beta2, static_cast<double>(p.step));
     const gpu::AdamConsts<T> k{static_cast<T>(p.lr / bc1),
                                static_cast<T>(1.0 / std::sqrt(bc2)),
                                static_cast<T>(p.beta1),
@@ -112,9 +146,19 @@ void CudaBackend::adam_step(const Tensor& param, const Tensor& grad, const Tenso
                                p.weight_decay != 0.0,
                                p.decoupled_weight_decay};
     gpu::adam_kernel<T><<<gpu::grid_for(n), gpu::kBlock, 0, current_cuda_stream(param.device())>>>(
-        gpu::ptr<T>(param), gpu::cptr<T>(grad), gpu::ptr<T>(m), gpu::ptr<T>(v), n, k);
+        gpu::ptr<T>(param), gpu::cptr<T>(grad), gpu::ptr<T>(m), gpu::ptr<T>(v), n, k,
+        in_memory ? gpu::cptr<double>(p.consts) : nullptr);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
+}
+
+void CudaBackend::adam_advance_step(const Tensor& step, const Tensor& lr, const Tensor& consts,
+                                    const AdamParams& p) {
+  DeviceGuard guard(step.device());
+  gpu::adam_advance_kernel<<<1, 1, 0, current_cuda_stream(step.device())>>>(
+      gpu::ptr<float>(step), gpu::cptr<double>(lr), gpu::ptr<double>(consts), p.beta1, p.beta2,
+      p.weight_decay);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tandem

@@ -8,7 +8,8 @@
 
 namespace tandem::nn::optim {
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool capturable)
+    : params_(std::move(params)), capturable_(capturable) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     TANDEM_CHECK(p.defined(), Value, "Optimizer: parameter ", i, " is undefined");
@@ -22,11 +23,25 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
     }
   }
   set_lr(lr);
+  // Made now rather than at the first step, so a step captured without warm-up finds them.
+  if (capturable_)
+    for (const Tensor& p : params_) lr_tensor(p.device());
 }
 
 void Optimizer::set_lr(double lr) {
   TANDEM_CHECK(lr >= 0, Value, "Optimizer: learning rate must be >= 0, got ", lr);
   lr_ = lr;
+  // Note [capturable optimizer steps]: enqueued on each device's current stream, after the
+  // steps already enqueued and before the next (a replay included) -- no host sync.
+  for (const auto& [device, t] : lr_tensors_) t.fill_(lr);
+}
+
+Tensor Optimizer::lr_tensor(Device device) {
+  for (const auto& [d, t] : lr_tensors_)
+    if (d == device) return t;
+  Tensor t = full({}, lr_, kFloat64, device);
+  lr_tensors_.emplace_back(device, t);
+  return t;
 }
 
 void Optimizer::step() {
@@ -112,6 +127,8 @@ StateDict Optimizer::state_dict() const {
     for (const StateKind& k : kinds) {
       if (k.like_param) {
         out.insert(prefix + k.name, (*self->state_slots(k.name))[i]);
+      } else if (Tensor live = scalar_state_tensor(i, k.name); live.defined()) {
+        out.insert(prefix + k.name, live);
       } else {
         Tensor v = zeros({}, kFloat32);
         v.fill_(scalar_state(i, k.name));
@@ -198,6 +215,7 @@ void Optimizer::load_state_dict(const StateDict& state) {
       slots[i].copy_(entries[i][k.name]);
     }
   }
+  state_loaded();
 }
 
 }  // namespace tandem::nn::optim

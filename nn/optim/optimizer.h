@@ -17,7 +17,36 @@
 // elementwise, so the result is the same as parameter by parameter. Anything else (a parameter
 // without a gradient, state on another device, Adam step counts that differ) takes the
 // per-parameter path.
+//
+// Note [capturable optimizer steps]: PyTorch's capturable=True. A step replayed from a CUDA
+// graph replays kernels with the arguments they were captured with (Note [graph-safe steps] in
+// core/cuda_graph.h), so what changes between steps must not be a kernel argument. A
+// capturable optimizer (the `capturable` option of SGDOptions, AdamOptions, AdamWOptions)
+// keeps it in device memory instead:
+//   - the learning rate, in a float64 [] tensor on every device that holds a parameter (and on
+//     the host: lr()). set_lr() writes it with a fill enqueued on that device's current
+//     stream -- no host sync -- so the next step, eager or replayed, reads the new value. It is
+//     float64, not the parameter dtype, because the host path derives its constants from a
+//     double lr: SGD casts it to the element type, Adam first computes lr / (1 - beta1^t) and
+//     1 - lr * wd in double; from the same double the kernels compute the same constants.
+//   - Adam's step count, a float32 [] tensor on the parameter's device, PyTorch's
+//     state["step"] (exact up to 2^24 steps, as PyTorch's). A step is then two kernels:
+//     kernels::adam_advance_step adds 1 and writes lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
+//     and 1 - lr * wd in double into a float64 [3] buffer; kernels::adam_step reads them. The
+//     flat path keeps one count (and buffer) for all parameters, their state_dict entries the
+//     same tensor; a per-parameter step after it first gives each parameter its own copy.
+// What comes out: on the CPU those values are read on the host and go through the very
+// functions of the host path, so a capturable run equals a plain one bit for bit. On CUDA,
+// SGD too (one double, cast alike); Adam's bias corrections use the device's pow, which can be
+// a few ulp from the host's (Note [device Adam constants] in kernels/cuda/optim.cu): the
+// constants agree to ~1e-12 relative, in float32 almost always to the bit, but not promised.
+// step() synchronizes the host in neither mode. Parameters may sit on several devices (one
+// learning-rate tensor each) or on the CPU. State made lazily at a parameter's first step
+// (moments, counts, the learning rate of a device a parameter moved to) must exist before a
+// capture begins: warm up first, as StepGraph does. Call set_lr() between replays, not inside
+// the captured step (a captured fill would put the old value back at every replay).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -28,8 +57,8 @@ namespace tandem::nn::optim {
 class Optimizer {
  public:
   // Throws ValueError for an undefined, non-floating, non-leaf or repeated parameter, or a
-  // negative learning rate.
-  Optimizer(std::vector<Tensor> params, double lr);
+  // negative learning rate. capturable: Note [capturable optimizer steps].
+  Optimizer(std::vector<Tensor> params, double lr, bool capturable = false);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -39,7 +68,10 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
 
   double lr() const { return lr_; }
+  // The learning rate of the following steps. Capturable: also written into the device's
+  // learning-rate tensors, stream-ordered (Note [capturable optimizer steps]).
   void set_lr(double lr);
+  bool capturable() const { return capturable_; }
   const std::vector<Tensor>& params() const { return params_; }
 
   // Note [optimizer state names]: PyTorch's optimizer.state_dict()["state"], flattened with
@@ -47,8 +79,10 @@ class Optimizer {
   // entries, in PyTorch's order -- SGD "momentum_buffer"; Adam and AdamW "step" (a float32 []
   // tensor, as PyTorch stores it), "exp_avg", "exp_avg_sq". Only parameters that have state
   // appear (PyTorch creates it at a parameter's first step). The tensors are the live state
-  // on the parameters' devices, not copies. The hyperparameters (PyTorch's "param_groups")
-  // are not tensors and not included: the caller keeps them (lr()).
+  // on the parameters' devices, not copies; "step" is a fresh CPU tensor, except in a
+  // capturable optimizer, where it is the live count on the device (as PyTorch's; after the
+  // flat path the one count all parameters share). The hyperparameters (PyTorch's
+  // "param_groups") are not tensors and not included: the caller keeps them (lr()).
   StateDict state_dict() const;
   // Replaces the whole state with `state` (names as state_dict(); a parameter without entries
   // starts afresh). Checks everything before changing anything and names the first offending
@@ -57,6 +91,9 @@ class Optimizer {
   // shape (ShapeError) or dtype (DTypeError) does not match parameter i ("step": one value, a
   // non-negative integer). Values are copied onto each parameter's device; when the
   // parameters are coalesced, each kind of state is allocated flat (Note [flat optimizer step]).
+  // Either kind of optimizer loads either kind's state (capturable or not: only where "step"
+  // lives differs). Reads the "step" values on the host: it synchronizes, so call it outside
+  // a capture.
   void load_state_dict(const StateDict& state);
 
  protected:
@@ -73,6 +110,13 @@ class Optimizer {
   virtual std::vector<Tensor>* state_slots(const std::string& name) = 0;
   virtual double scalar_state(size_t /*index*/, const std::string& /*name*/) const { return 0.0; }
   virtual void set_scalar_state(size_t /*index*/, const std::string& /*name*/, double /*value*/) {}
+  // A scalar state that lives in a tensor (capturable Adam's device "step"): state_dict()
+  // returns that tensor instead of a CPU copy of scalar_state(). Undefined: a host number.
+  virtual Tensor scalar_state_tensor(size_t /*index*/, const std::string& /*name*/) const {
+    return Tensor();
+  }
+  // Called at the end of load_state_dict, once every slot and scalar state is set.
+  virtual void state_loaded() {}
 
   // Updates params()[index] in place from grad (same shape; defined).
   virtual void update(size_t index, const Tensor& param, const Tensor& grad) = 0;
@@ -87,12 +131,17 @@ class Optimizer {
   // The state tensor in `slot`, created as zeros like `param` when undefined, or moved to
   // param's device when the parameter has moved since.
   static const Tensor& state_like(Tensor& slot, const Tensor& param);
+  // Capturable: the float64 [] learning rate on `device` that the kernels read, made (with
+  // lr()) on first use for a device that held no parameter at construction.
+  Tensor lr_tensor(Device device);
 
  private:
   bool step_flat();
 
   std::vector<Tensor> params_;
   double lr_;
+  bool capturable_;
+  std::vector<std::pair<Device, Tensor>> lr_tensors_;  // capturable: one per device, float64 []
 };
 
 }  // namespace tandem::nn::optim

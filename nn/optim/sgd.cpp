@@ -6,7 +6,7 @@
 namespace tandem::nn::optim {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
-    : Optimizer(std::move(params), options.lr()),
+    : Optimizer(std::move(params), options.lr(), options.capturable()),
       momentum_(options.momentum()),
       weight_decay_(options.weight_decay()),
       dampening_(options.dampening()),
@@ -19,9 +19,10 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& options)
                " dampening=", dampening_);
 }
 
-SgdParams SGD::kernel_params() const {
+SgdParams SGD::kernel_params(Device device) {
   SgdParams p;
   p.lr = lr();
+  if (capturable()) p.lr_tensor = lr_tensor(device);
   p.momentum = momentum_;
   p.dampening = dampening_;
   p.weight_decay = weight_decay_;
@@ -30,7 +31,7 @@ SgdParams SGD::kernel_params() const {
 }
 
 bool SGD::update_flat(const Tensor& params, const Tensor& grads) {
-  SgdParams p = kernel_params();
+  SgdParams p = kernel_params(params.device());
   Tensor buf;
   if (momentum_ != 0) {
     p.first_step = !buffers_[0].defined();
@@ -42,7 +43,7 @@ bool SGD::update_flat(const Tensor& params, const Tensor& grads) {
 }
 
 void SGD::update(size_t index, const Tensor& param, const Tensor& grad) {
-  SgdParams p = kernel_params();
+  SgdParams p = kernel_params(param.device());
   Tensor buf;
   if (momentum_ != 0) {
     p.first_step = !buffers_[index].defined();

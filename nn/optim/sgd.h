@@ -9,6 +9,10 @@
 //   SGD(params, SGDOptions(0.1).momentum(0.9).weight_decay(1e-4))
 // or positional arguments in torch.optim.SGD's order (lr, momentum, dampening, weight_decay,
 // nesterov), so a call ported from Python keeps its meaning.
+// SGDOptions(lr).capturable(true): the learning rate lives in device memory, so a step
+// replayed from a CUDA graph uses the current one (Note [capturable optimizer steps]). PyTorch's
+// SGD has no such flag -- it is graph-safe when given a tensor lr -- but tandem keeps one name
+// for SGD and Adam; the result is the same bits as without it.
 #include <utility>
 #include <vector>
 
@@ -26,16 +30,18 @@ struct SGDOptions {
   SGDOptions& dampening(double v) { dampening_ = v; return *this; }
   SGDOptions& weight_decay(double v) { weight_decay_ = v; return *this; }
   SGDOptions& nesterov(bool v) { nesterov_ = v; return *this; }
+  SGDOptions& capturable(bool v) { capturable_ = v; return *this; }
 
   double lr() const { return lr_; }
   double momentum() const { return momentum_; }
   double dampening() const { return dampening_; }
   double weight_decay() const { return weight_decay_; }
   bool nesterov() const { return nesterov_; }
+  bool capturable() const { return capturable_; }
 
  private:
   double lr_, momentum_ = 0.0, dampening_ = 0.0, weight_decay_ = 0.0;
-  bool nesterov_ = false;
+  bool nesterov_ = false, capturable_ = false;
 };
 
 class SGD : public Optimizer {
@@ -66,7 +72,8 @@ class SGD : public Optimizer {
   std::vector<Tensor>* state_slots(const std::string&) override { return &buffers_; }
 
  private:
-  SgdParams kernel_params() const;
+  // The kernel's arguments for a parameter on `device` (capturable: its lr tensor).
+  SgdParams kernel_params(Device device);
 
   double momentum_, weight_decay_, dampening_;
   bool nesterov_;

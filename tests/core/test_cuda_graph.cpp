@@ -1,7 +1,9 @@
 // CUDA graphs: a captured step replays the same kernels on the same memory, so graphed
 // training gives bit for bit the parameters of eager training; a step that cannot be captured
 // or that keeps memory made during the capture is caught, never replayed wrongly.
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -10,6 +12,8 @@
 #include "helpers.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
+#include "parallel/flat_buffer.h"
+#include "parallel/replicate.h"
 
 using namespace tandem;
 using tandem::test::contains;
@@ -18,17 +22,33 @@ using tandem::test::values;
 
 namespace {
 
-// A LeNet training step (SGD with momentum and weight decay) as StepGraph wants it: gradients
-// zeroed in place rather than set to none, the loss written into a tensor it owns.
+using MakeOptimizer = std::function<std::unique_ptr<nn::optim::Optimizer>(std::vector<Tensor>)>;
+
+std::unique_ptr<nn::optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
+  return std::make_unique<nn::optim::SGD>(
+      std::move(params), nn::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+}
+
+// A LeNet training step (by default SGD with momentum and weight decay) as StepGraph wants
+// it: gradients zeroed in place rather than set to none, the loss written into a tensor it
+// owns. coalesce: the parameters in one buffer and the gradients views of another, as the
+// one-device stepper keeps them, so the optimizer takes its flat path.
 struct LeNetTraining {
   std::shared_ptr<nn::Module> net;
-  std::unique_ptr<nn::optim::SGD> opt;
+  std::unique_ptr<nn::optim::Optimizer> opt;
+  parallel::FlatBuffer grads;
   Tensor loss;  // [] the last step's loss
 
-  explicit LeNetTraining(const std::shared_ptr<nn::Module>& init, Device d) : net(init->clone()) {
+  LeNetTraining(const std::shared_ptr<nn::Module>& init, Device d,
+                const MakeOptimizer& make = sgd_momentum, bool coalesce = false)
+      : net(init->clone()) {
     net->to(d);
-    opt = std::make_unique<nn::optim::SGD>(
-        net->parameters(), nn::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4));
+    if (coalesce) {
+      parallel::try_coalesce(net->parameters());
+      grads = parallel::FlatBuffer(net->parameters());
+      grads.attach();
+    }
+    opt = make(net->parameters());
     loss = zeros({}, kFloat32, d);
   }
   void step(const std::vector<Tensor>& in) {
@@ -122,7 +142,8 @@ TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cu
     INFO(name);
     CHECK(values(pg.at(name)) == values(t));
   }
-  // A changed learning rate is a kernel argument: invalidate() captures again.
+  // A plain (not capturable) optimizer's learning rate is a kernel argument: invalidate()
+  // captures again.
   eager.opt->set_lr(0.01);
   graphed.opt->set_lr(0.01);
   graph.invalidate();
@@ -134,6 +155,63 @@ TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cu
   for (const auto& [name, t] : eager.net->state_dict()) {
     INFO(name);
     CHECK(values(graphed.net->state_dict().at(name)) == values(t));
+  }
+}
+
+TEST_CASE("graphed training with a capturable optimizer follows learning-rate changes without capturing again", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  // Note [capturable optimizer steps]: the learning rate and Adam's step count live on the GPU,
+  // so the replays advance Adam's bias correction and read each new rate. Eager training with
+  // the same capturable optimizer runs the same kernels: the results agree bit for bit.
+  using namespace nn::optim;
+  const std::vector<std::pair<const char*, MakeOptimizer>> makers{
+      {"adam", [](std::vector<Tensor> ps) {
+         return std::make_unique<Adam>(ps, AdamOptions(2e-3).weight_decay(1e-4).capturable(true));
+       }},
+      {"adamw", [](std::vector<Tensor> ps) {
+         return std::make_unique<AdamW>(ps, AdamWOptions(2e-3).capturable(true));
+       }},
+      {"sgd momentum", [](std::vector<Tensor> ps) {
+         return std::make_unique<SGD>(
+             ps, SGDOptions(0.1).momentum(0.9).weight_decay(1e-4).capturable(true));
+       }},
+  };
+  for (const auto& [name, make] : makers) {
+    for (bool coalesce : {false, true}) {
+      INFO(name << (coalesce ? ", coalesced (the flat step)" : ", per parameter"));
+      Generator gen(3);
+      auto init = nn::models::lenet({nn::models::LeNetActivation::ReLU}, gen);
+      LeNetTraining eager(init, gpu, make, coalesce), graphed(init, gpu, make, coalesce);
+      StepGraph graph([&](const std::vector<Tensor>& in) { graphed.step(in); });
+      // Three epochs of 5 batches (the last one smaller, run eagerly); a new learning rate
+      // before the second and the third, set between replays as a scheduler would.
+      auto data = batches(5, 32, 12, gpu);
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        if (epoch > 0) {
+          const double lr = eager.opt->lr() * (epoch == 1 ? 0.1 : 5.0);
+          eager.opt->set_lr(lr);
+          graphed.opt->set_lr(lr);
+        }
+        for (const auto& b : data) {
+          eager.step(b);
+          graph(b);
+          INFO("epoch " << epoch);
+          CHECK(values(graphed.loss) == values(eager.loss));
+        }
+      }
+      CHECK(graph.eager_reason().empty());
+      CHECK(graph.captures() == 1);  // the rate changes did not capture again
+      CHECK(graph.replays() == 2 + 4 + 4);
+      for (const auto& [pname, t] : eager.net->state_dict()) {
+        INFO(pname);
+        CHECK(values(graphed.net->state_dict().at(pname)) == values(t));
+      }
+      if (auto* adam = dynamic_cast<Adam*>(graphed.opt.get())) {
+        CHECK(adam->step_count(0) == 15);  // the replays counted on the device
+        CHECK(adam->step_count(0) == dynamic_cast<Adam&>(*eager.opt).step_count(0));
+      }
+    }
   }
 }
 

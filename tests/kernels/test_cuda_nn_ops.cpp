@@ -29,27 +29,32 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
   TANDEM_REQUIRE_CUDA();
   const ConvCase cases[] = {
       {{3, 5, 11, 9}, {7, 5, 3, 3}, {1, 1, 1, 1}},
-      {{2, 3, 13, 13}, {4, 3, 5, 5}, {2, 2, 0, 0}},
+      {{2, 3, 13, 13}, {4, 3, 5, 5}, {2, 2, 0, 0}},   // stride 2: cuDNN
       {{4, 2, 10, 7}, {3, 2, 2, 3}, {2, 1, 1, 2}},
-      {{5, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},  // LeNet's first layer
-      {{300, 1, 6, 6}, {4, 1, 3, 3}, {1, 1, 1, 1}},  // many images: the direct weight gradient in chunks
-      {{2, 8, 7, 9}, {3, 8, 5, 6}, {1, 2, 1, 0}},    // 8 channels, 240 weights + bias: the direct kernel's limit
-      {{2, 9, 6, 6}, {3, 9, 3, 3}, {1, 1, 1, 2}},    // 9 channels: cuDNN's weight gradient
+      {{5, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},   // LeNet's first layer
+      {{5, 6, 14, 14}, {16, 6, 5, 5}, {1, 1, 0, 0}},  // LeNet's second: the weight gradient in two channel groups
+      {{3, 1, 28, 28}, {64, 1, 3, 3}, {1, 1, 1, 1}},  // ResNet's first: eight channel groups
+      {{601, 1, 6, 6}, {4, 1, 3, 3}, {1, 1, 1, 1}},   // many images: the weight gradient in chunks, the last one short
+      {{2, 3, 5, 4}, {5, 3, 4, 2}, {1, 1, 2, 0}},     // even filter, padding only in h
+      {{2, 2, 6, 7}, {3, 2, 3, 3}, {1, 1, 3, 2}},     // padding past the filter
+      {{2, 1, 9, 9}, {3, 1, 1, 1}, {1, 1, 0, 0}},     // 1x1: the forward's generic taps
+      {{2, 8, 7, 9}, {3, 8, 5, 6}, {1, 2, 1, 0}},     // 8 channels, stride 2 in w: cuDNN
+      {{2, 9, 6, 6}, {3, 9, 3, 3}, {1, 1, 1, 2}},     // 9 channels: cuDNN
   };
   // Both ways of calling cuDNN: cached graph-API plans (the default) and the legacy calls; and
-  // the weight gradient from tandem's direct kernel (the default for small filters) or cuDNN.
+  // tandem's direct kernels for few-channel layers (the default) or cuDNN for every layer.
   const bool graph = GENERATE(true, false);
   const bool direct = GENERATE(true, false);
   struct Restore {
-    bool prev = cudnn_graph_api(), prev_direct = direct_wgrad();
+    bool prev = cudnn_graph_api(), prev_direct = direct_conv();
     ~Restore() {
       set_cudnn_graph_api(prev);
-      set_direct_wgrad(prev_direct);
+      set_direct_conv(prev_direct);
     }
   } restore;
   set_cudnn_graph_api(graph);
-  set_direct_wgrad(direct);
-  INFO("graph api " << graph << ", direct weight gradient " << direct);
+  set_direct_conv(direct);
+  INFO("graph api " << graph << ", direct convolution kernels " << direct);
   for (DType dt : kFloatTypes) {
     for (const ConvCase& cc : cases) {
       INFO(dtype_name(dt) << " x " << shape_str(cc.x) << " w " << shape_str(cc.w) << " stride "

@@ -1,6 +1,7 @@
 // CUDA backend vs the CPU reference, part 1: fill, copies, unary/binary/scalar ops, axpby,
 // reductions, matmul, copies between devices and work on a non-default stream. Every test runs
 // the same kernels:: op on CPU inputs and on CUDA copies of them and compares the results.
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -196,23 +197,32 @@ TEST_CASE("cuda reductions and argmax", "[cuda]") {
 
 TEST_CASE("cuda matmul through cuBLAS", "[cuda]") {
   TANDEM_REQUIRE_CUDA();
-  const int64_t m = 37, k = 53, n = 29;
+  // cuBLAS; then tiny outputs with long inner dimensions, which tandem's own small-output
+  // kernel computes (Note [small-output products] in kernels/cuda/matmul.cu): a classifier's
+  // weight gradient, an inner length that is no multiple of a warp, the size limit exactly.
+  const std::array<std::array<int64_t, 3>, 4> shapes{{{37, 53, 29}, {10, 256, 84}, {3, 700, 5}, {64, 64, 32}}};
   for (DType dt : kFloatTypes) {
-    for (bool ta : {false, true}) {
-      for (bool tb : {false, true}) {
-        INFO(dtype_name(dt) << " trans_a " << ta << " trans_b " << tb);
-        Tensor a = uniform(ta ? Shape{k, m} : Shape{m, k}, -1.0, 1.0, dt);
-        Tensor b = uniform(tb ? Shape{n, k} : Shape{k, n}, -1.0, 1.0, dt);
-        check(kernels::matmul(gpu(a), gpu(b), ta, tb), kernels::matmul(a, b, ta, tb));
+    for (const auto& [m, k, n] : shapes) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          INFO(dtype_name(dt) << " [" << m << ", " << k << "] @ [" << k << ", " << n << "] trans_a " << ta
+                              << " trans_b " << tb);
+          Tensor a = uniform(ta ? Shape{k, m} : Shape{m, k}, -1.0, 1.0, dt);
+          Tensor b = uniform(tb ? Shape{n, k} : Shape{k, n}, -1.0, 1.0, dt);
+          Tensor got = kernels::matmul(gpu(a), gpu(b), ta, tb);
+          check(got, kernels::matmul(a, b, ta, tb));
+          check_equal(kernels::matmul(gpu(a), gpu(b), ta, tb), got.to(kCPU));  // deterministic
+        }
       }
+      // alpha and beta at the backend level.
+      Tensor a = uniform({m, k}, -1.0, 1.0, dt), b = uniform({k, n}, -1.0, 1.0, dt);
+      Tensor c = uniform({m, n}, -1.0, 1.0, dt);
+      Tensor cg = gpu(c);
+      cpu_backend().gemm(false, false, 0.5, a, b, 2.0, c);
+      cuda_backend().gemm(false, false, 0.5, gpu(a), gpu(b), 2.0, cg);
+      check(cg, c);
     }
-    // alpha and beta at the backend level, and an empty inner dimension.
-    Tensor a = uniform({m, k}, -1.0, 1.0, dt), b = uniform({k, n}, -1.0, 1.0, dt);
-    Tensor c = uniform({m, n}, -1.0, 1.0, dt);
-    Tensor cg = gpu(c);
-    cpu_backend().gemm(false, false, 0.5, a, b, 2.0, c);
-    cuda_backend().gemm(false, false, 0.5, gpu(a), gpu(b), 2.0, cg);
-    check(cg, c);
+    // An empty inner dimension.
     Tensor e = kernels::matmul(zeros({4, 0}, dt, kGpu), zeros({0, 6}, dt, kGpu));
     check_equal(e, zeros({4, 6}, dt));
   }
