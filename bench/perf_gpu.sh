@@ -7,9 +7,9 @@
 # captured once in a CUDA graph and replayed), with cuDNN's heuristics or timed engines
 # (benchmark mode), for LeNet (bs 256) and ResNet-18 (bs 256); for ResNet-18 also channels-last
 # activations (--channels-last) and bfloat16 autocast (--precision bf16).
-# PyTorch in the same call: LeNet eager and graph; ResNet-18 eager, cudnn.benchmark, and
-# cudnn.benchmark with channels_last + bf16 autocast, eager, captured in a CUDA graph and under
-# torch.compile. Medians of the timed epochs after a warm-up epoch; peak device memory of each.
+# PyTorch in the same call: LeNet eager and graph; ResNet-18 eager, cudnn.benchmark (eager and
+# captured in a CUDA graph), and cudnn.benchmark with channels_last + bf16 autocast, eager,
+# captured in a CUDA graph and under torch.compile. Medians of the timed epochs after a warm-up epoch; peak device memory of each.
 # --tests first runs the [core], [cuda], [memory_format] and [bf16] tests; --accuracy trains to
 # the end (LeNet 10 epochs, both recipes; ResNet-18 5 epochs, cosine) eager, graphed, and
 # graphed in bfloat16 (ResNet-18 channels-last too), and prints the final test accuracies side
@@ -68,6 +68,7 @@ if [ "$RESNET" = 1 ]; then
   tandem 0 resnet18 3 --channels-last --precision bf16
   torch_resnet
   torch_resnet --cudnn-benchmark
+  torch_resnet --cudnn-benchmark --cuda-graph
   torch_resnet --cudnn-benchmark --channels-last --bf16
   torch_resnet --cudnn-benchmark --channels-last --bf16 --cuda-graph
   torch_resnet --cudnn-benchmark --channels-last --bf16 --compile
