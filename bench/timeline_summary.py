@@ -24,9 +24,12 @@ GPU_CATS = {"kernel", "memcpy", "memset", "gpu_memcpy", "gpu_memset"}
 
 
 def gpu_events(path):
-    with open(path) as f:
-        trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"timeline_summary: {path}: not a JSON trace with traceEvents ({e})")
     out = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in GPU_CATS:
