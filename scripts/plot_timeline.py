@@ -1,13 +1,13 @@
 """Draws one replayed training step of each framework as a row of GPU kernels, from the median
 replays that bench/timeline_summary.py --json wrote (node offsets and durations):
 
-  python3 scripts/plot_timeline.py OUT.png A.json [B.json ...]
+  python3 scripts/plot_timeline.py OUT.png A.json [B.json ...] [--title TEXT]
 
 Each row is one graph replay on the same time axis; each box one node, coloured by what it is
 (convolution, matrix product, elementwise/per-channel pass, memory), so where the step's time
 goes and how much of it is spent between nodes can be read off directly.
 """
-import json, sys
+import argparse, json
 
 import matplotlib
 
@@ -32,10 +32,16 @@ def kind(name):
 
 
 def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    out, inputs = sys.argv[1], sys.argv[2:]
-    steps = [json.load(open(p)) for p in inputs]
+    ap = argparse.ArgumentParser(description="One replayed step per summary, on one time axis.")
+    ap.add_argument("out")
+    ap.add_argument("inputs", nargs="+")
+    ap.add_argument("--title", default="One replayed training step")
+    args = ap.parse_args()
+    out, inputs = args.out, args.inputs
+    steps = []
+    for p in inputs:
+        with open(p) as f:
+            steps.append(json.load(f))
     fig, ax = plt.subplots(figsize=(11, 1.1 + 0.7 * len(steps)))
     for row, step in enumerate(steps):
         for n in step["nodes"]:
@@ -51,7 +57,7 @@ def main():
     ax.set_xlim(0, max(s["span_us"] for s in steps) * 1.22)
     ax.legend(handles=[Patch(color=c, label=l) for l, c, _ in KINDS], fontsize=7, ncol=5, loc="upper center",
               bbox_to_anchor=(0.5, -0.38 if len(steps) < 3 else -0.25), frameon=False)
-    ax.set_title("One replayed LeNet training step on one H200: the GPU's kernels in order", fontsize=10)
+    ax.set_title(f"{args.title}: the GPU's kernels in order", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
 
