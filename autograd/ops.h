@@ -73,5 +73,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps);
+// relu(batch_norm(...)), the same values and gradients; in training, one forward pass and one
+// backward pass fewer (Note [batch norm + ReLU] in kernels/backend.h). Eval mode composes
+// the two ops.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, bool training,
+                       double momentum, double eps);
 
 }  // namespace tandem

@@ -157,24 +157,48 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 }  // namespace
 
-Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                  const Tensor& running_mean, const Tensor& running_var, bool training,
-                  double momentum, double eps) {
-  TANDEM_CHECK(x.defined() && (x.dim() == 2 || x.dim() == 4), Shape,
-               "batch_norm: expected [N, C] or [N, C, H, W] input, got ",
-               x.defined() ? x.str() : std::string("an undefined tensor"));
-  if (!training) return batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
-  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps);
+namespace {
+
+Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+                        bool relu) {
+  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu);
   if (autograd::any_requires_grad({&x, &gamma, &beta})) {
     const bool nx = needs_grad(x), ng = needs_grad(gamma), nb = needs_grad(beta);
-    record("BatchNorm", {x, gamma, beta}, {r.y},
-           [nx, ng, nb, x = saved(x), gamma = saved(gamma), mean = r.save_mean,
-            invstd = r.save_invstd](TensorList&& g) -> TensorList {
-             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd);
+    // With the ReLU the node keeps its output, whose zeros mask the incoming gradient (as the
+    // ReLU node keeps its own).
+    record(name, {x, gamma, beta}, {r.y},
+           [nx, ng, nb, x = saved(x), gamma = saved(gamma), mean = r.save_mean, invstd = r.save_invstd,
+            y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y);
              return {nx ? d.dx : Tensor(), ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
            });
   }
   return r.y;
+}
+
+void check_bn_input(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.defined() && (x.dim() == 2 || x.dim() == 4), Shape, op,
+               ": expected [N, C] or [N, C, H, W] input, got ",
+               x.defined() ? x.str() : std::string("an undefined tensor"));
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  check_bn_input("batch_norm", x);
+  if (!training) return batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
+  return batch_norm_train("BatchNorm", x, gamma, beta, running_mean, running_var, momentum, eps, false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, bool training,
+                       double momentum, double eps) {
+  check_bn_input("batch_norm_relu", x);
+  if (!training) return relu(batch_norm_eval(x, gamma, beta, running_mean, running_var, eps));
+  return batch_norm_train("BatchNormRelu", x, gamma, beta, running_mean, running_var, momentum, eps, true);
 }
 
 }  // namespace tandem

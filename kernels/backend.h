@@ -152,17 +152,32 @@ class Backend {
   // mean and biased variance, writes save_mean and save_invstd = 1/sqrt(var + eps) for
   // backward, and updates running_mean/var in place with the unbiased variance:
   // running = (1 - momentum) * running + momentum * batch.
+  // relu: y = relu(batch_norm(x)) in the same pass; the backward then takes that y as
+  // relu_out and computes the batch-norm gradient of dy masked by relu_out > 0 (undefined
+  // relu_out: no mask).
+  //
+  // Note [batch norm + ReLU]: in a ResNet block, batch norm's output goes only to a ReLU. As
+  // two ops that is, per activation, a batch-norm apply pass (read x, write y), a ReLU pass
+  // (read y, write relu(y)), and in the backward a ReLU pass (read dy and the output, write
+  // the masked dy) before batch norm's two passes over dy and x. Fused, the apply pass takes
+  // the ReLU of the value it has just rounded, and the backward's passes read dy and the
+  // output and mask as they go: one pass fewer forward, one fewer backward, and two fewer
+  // activations written. The arithmetic is that of the two ops -- the ReLU of the rounded
+  // batch-norm value, the mask ReluBackward applies -- so the results are the same bits
+  // (tests/nn/test_batchnorm_relu.cpp, every device, format and dtype). The CPU, the
+  // reference, fuses the forward and masks dy in a pass of its own.
   virtual void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                         const Tensor& running_mean, const Tensor& running_var,
                                         double momentum, double eps, const Tensor& y,
-                                        const Tensor& save_mean, const Tensor& save_invstd) = 0;
+                                        const Tensor& save_mean, const Tensor& save_invstd, bool relu) = 0;
   virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                        const Tensor& running_mean, const Tensor& running_var,
-                                       double eps, const Tensor& y) = 0;
+                                       double eps, const Tensor& y, bool relu) = 0;
   // dx, dgamma, dbeta are overwritten.
   virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
+                                   const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
+                                   const Tensor& dbeta) = 0;
 
   // In-place optimizer updates on contiguous tensors of one dtype.
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
@@ -207,6 +222,12 @@ class Backend {
 //   TANDEM_DIRECT_CONV=0 turns it off.
 void set_direct_conv(bool on);
 bool direct_conv();
+// fuse_bn_relu (default false): Residual blocks run their batch norm + ReLU as one op
+//   (batch_norm_relu; Note [batch norm + ReLU]): the same values and gradients with one pass
+//   over the activations fewer forward and backward. Off by default until measured on a GPU.
+//   Environment: TANDEM_FUSE_BN_RELU=1 turns it on.
+void set_fuse_bn_relu(bool on);
+bool fuse_bn_relu();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

@@ -33,8 +33,14 @@ std::atomic<bool>& direct_conv_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_DIRECT_CONV", true)};
   return flag;
 }
+std::atomic<bool>& fuse_bn_relu_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", false)};
+  return flag;
+}
 }  // namespace
 
+void set_fuse_bn_relu(bool on) { fuse_bn_relu_flag() = on; }
+bool fuse_bn_relu() { return fuse_bn_relu_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }
 bool direct_conv() { return direct_conv_flag(); }
 void set_cudnn_deterministic(bool on) { deterministic_flag() = on; }

@@ -70,16 +70,19 @@ Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape);
 struct BatchNormResult {
   Tensor y, save_mean, save_invstd;
 };
+// relu: y = relu(batch_norm(x)) in one pass (Note [batch norm + ReLU] in kernels/backend.h).
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps);
+                                 double momentum, double eps, bool relu = false);
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                       const Tensor& running_mean, const Tensor& running_var, double eps);
+                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu = false);
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
 };
+// relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU).
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                   const Tensor& save_mean, const Tensor& save_invstd);
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   const Tensor& relu_out = Tensor());
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

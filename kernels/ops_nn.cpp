@@ -342,7 +342,7 @@ Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape) {
 
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps) {
+                                 double momentum, double eps, bool relu) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
@@ -358,13 +358,13 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
                     Tensor({c}, bn_param_dtype(x), x.device())};
   be.batch_norm_forward_train(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
                               running_mean, running_var, momentum, eps, r.y, r.save_mean,
-                              r.save_invstd);
+                              r.save_invstd, relu);
   r.y = in_format(r.y, fmt, want);
   return r;
 }
 
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                       const Tensor& running_mean, const Tensor& running_var, double eps) {
+                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
@@ -373,24 +373,31 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
   Tensor y(x.shape(), x.dtype(), x.device(), fmt);
   be.batch_norm_forward_eval(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
-                             running_mean.contiguous(), running_var.contiguous(), eps, y);
+                             running_mean.contiguous(), running_var.contiguous(), eps, y, relu);
   return in_format(y, fmt, want);
 }
 
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                   const Tensor& save_mean, const Tensor& save_invstd) {
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   const Tensor& relu_out) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
   check_bn_args(op, x, {&gamma, &save_mean, &save_invstd});
   check_shape(op, dy, x.shape(), "dy");
+  if (relu_out.defined()) {
+    check_same_device(op, {&dy, &relu_out});
+    check_same_dtype(op, {&dy, &relu_out});
+    check_shape(op, relu_out, x.shape(), "relu_out");
+  }
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
   BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
                    Tensor({c}, bn_param_dtype(x), x.device())};
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), or_full(gamma, c, 1.0, x),
-                         save_mean.contiguous(), save_invstd.contiguous(), g.dx, g.dgamma, g.dbeta);
+                         save_mean.contiguous(), save_invstd.contiguous(),
+                         relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta);
   g.dx = in_format(g.dx, fmt, want);
   return g;
 }

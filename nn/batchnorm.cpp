@@ -29,7 +29,14 @@ std::string BatchNorm2d::extra_repr() const {
   return detail::str(c_, ", eps=", eps_, ", momentum=", momentum_);
 }
 
-Tensor BatchNorm2d::forward_impl(const Tensor& x) {
+Tensor BatchNorm2d::forward_impl(const Tensor& x) { return run(x, false); }
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+  check_forward_input(x);  // as forward()
+  return run(x, true);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   TANDEM_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_, Shape, "BatchNorm2d(", c_,
                "): input ", shape_str(x.shape()), " is not [N, ", c_, ", H, W] or [N, ", c_, "]");
   if (is_training()) {
@@ -42,8 +49,8 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x) {
     if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
     kernels::axpby_(1.0, one_, 1.0, count);
   }
-  return batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_,
-                    eps_);
+  return relu ? batch_norm_relu(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_)
+              : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_);
 }
 
 }  // namespace tandem::nn

@@ -25,6 +25,10 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   double momentum() const { return momentum_; }
   // Running statistics back to mean 0, variance 1, and num_batches_tracked to 0.
   void reset_running_stats();
+  // relu(forward(x)) with the ReLU fused into the batch norm's passes (autograd's
+  // batch_norm_relu): the same values, gradients and statistics. What Residual calls for its
+  // first batch norm when fuse_bn_relu() is on (kernels/backend.h).
+  Tensor forward_relu(const Tensor& x);
 
   std::string name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;
@@ -33,6 +37,8 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   Tensor forward_impl(const Tensor& x) override;
 
  private:
+  Tensor run(const Tensor& x, bool relu);
+
   int64_t c_;
   double eps_, momentum_;
   Tensor one_;  // int64 [] 1 on the buffers' device: what each training forward adds

@@ -58,13 +58,17 @@ Module::Module(const Module& other) : training_(other.training_), device_(other.
 // ---- forward ----------------------------------------------------------------------------
 
 Tensor Module::forward(const Tensor& x) {
+  check_forward_input(x);
+  return forward_impl(x);
+}
+
+void Module::check_forward_input(const Tensor& x) const {
   TANDEM_CHECK(x.defined(), Value, name(), ": forward got an undefined input tensor");
   if (device_) {
     TANDEM_CHECK(x.device() == *device_, Device, name(), ": input is on ", x.device().str(),
                  " but the module is on ", device_->str(),
                  " (move the input, or the module with to())");
   }
-  return forward_impl(x);
 }
 
 // ---- registration -------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class Module {
   Module(const Module& other);
 
   virtual Tensor forward_impl(const Tensor& x) = 0;
+  // forward()'s checks: ValueError for an undefined input, DeviceError for one on another device.
+  void check_forward_input(const Tensor& x) const;
 
  private:
   void check_new_name(const std::string& name, const char* what) const;

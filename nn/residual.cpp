@@ -2,6 +2,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "kernels/backend.h"
 
 namespace tandem::nn {
 
@@ -24,7 +25,10 @@ Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, 
 }
 
 Tensor Residual::forward_impl(const Tensor& x) {
-  Tensor y = relu(bn1()(conv1()(x)));  // [N, out, H', W']
+  // relu(bn1(conv1(x))) [N, out, H', W'], the ReLU fused into the batch norm's passes when
+  // fuse_bn_relu() is on (Note [batch norm + ReLU] in kernels/backend.h).
+  const Tensor c1 = conv1()(x);
+  Tensor y = fuse_bn_relu() ? bn1().forward_relu(c1) : relu(bn1()(c1));
   y = bn2()(conv2()(y));
   Tensor shortcut = use_1x1conv_ ? child_as<Conv2d>("conv3")(x) : x;
   return add_relu(y, shortcut);  // relu(y + shortcut) in one pass

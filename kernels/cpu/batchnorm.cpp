@@ -34,23 +34,27 @@ T* mptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
-// y = (x - mean) * invstd * gamma + beta on channel c.
+// y = (x - mean) * invstd * gamma + beta on channel c; with relu, then max(y, 0) as the ReLU
+// op computes it (Note [batch norm + ReLU] in kernels/backend.h).
 template <typename T>
 void normalize_channel(const BnGeom& g, const T* x, T* y, int64_t c, double mean, double invstd,
-                       double gamma, double beta) {
+                       double gamma, double beta, bool relu) {
   const T mu = static_cast<T>(mean);
   const T scale = static_cast<T>(invstd * gamma);
   const T shift = static_cast<T>(beta);
   for (int64_t i = 0; i < g.n; ++i) {
     const int64_t off = (i * g.c + c) * g.hw;
-    for (int64_t j = 0; j < g.hw; ++j) y[off + j] = (x[off + j] - mu) * scale + shift;
+    for (int64_t j = 0; j < g.hw; ++j) {
+      const T v = (x[off + j] - mu) * scale + shift;
+      y[off + j] = relu ? (v > T(0) ? v : T(0)) : v;
+    }
   }
 }
 
 template <typename T>
 void bn_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& rmean,
               const Tensor& rvar, double momentum, double eps, const Tensor& y,
-              const Tensor& save_mean, const Tensor& save_invstd) {
+              const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   const BnGeom g = geom(x);
   const T* px = cptr<T>(x);
   const double m = static_cast<double>(g.count());
@@ -69,7 +73,7 @@ void bn_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Te
     });
     const double var = ss / m;
     const double invstd = 1.0 / std::sqrt(var + eps);
-    normalize_channel(g, px, mptr<T>(y), c, mean, invstd, cptr<T>(gamma)[c], cptr<T>(beta)[c]);
+    normalize_channel(g, px, mptr<T>(y), c, mean, invstd, cptr<T>(gamma)[c], cptr<T>(beta)[c], relu);
     mptr<T>(save_mean)[c] = static_cast<T>(mean);
     mptr<T>(save_invstd)[c] = static_cast<T>(invstd);
     T& rm = mptr<T>(rmean)[c];
@@ -82,18 +86,19 @@ void bn_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Te
 
 template <typename T>
 void bn_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& rmean,
-             const Tensor& rvar, double eps, const Tensor& y) {
+             const Tensor& rvar, double eps, const Tensor& y, bool relu) {
   const BnGeom g = geom(x);
   for (int64_t c = 0; c < g.c; ++c) {
     const double invstd = 1.0 / std::sqrt(static_cast<double>(cptr<T>(rvar)[c]) + eps);
     normalize_channel(g, cptr<T>(x), mptr<T>(y), c, cptr<T>(rmean)[c], invstd, cptr<T>(gamma)[c],
-                      cptr<T>(beta)[c]);
+                      cptr<T>(beta)[c], relu);
   }
 }
 
 // With xhat = (x - mean) * invstd and M values per channel:
 //   dbeta = sum(dy), dgamma = sum(dy * xhat),
 //   dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma).
+// dy is already masked by the ReLU when there is one (CpuBackend::batch_norm_backward).
 template <typename T>
 void bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
                  const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
@@ -138,40 +143,51 @@ void bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const T
 void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                           const Tensor& running_mean, const Tensor& running_var,
                                           double momentum, double eps, const Tensor& y,
-                                          const Tensor& save_mean, const Tensor& save_invstd) {
+                                          const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   if (x.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU] in conv.cpp; the rest is float32
+    // relu before the rounding: it commutes with it (monotonic, and 0 is exact).
     Tensor yf(y.shape(), kFloat32, y.device());
     batch_norm_forward_train(x.to(kFloat32), gamma, beta, running_mean, running_var, momentum, eps, yf,
-                             save_mean, save_invstd);
+                             save_mean, save_invstd, relu);
     y.copy_(yf);
     return;
   }
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
     bn_train<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, momentum, eps,
-                                           y, save_mean, save_invstd);
+                                           y, save_mean, save_invstd, relu);
   });
 }
 
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                          const Tensor& running_mean, const Tensor& running_var,
-                                         double eps, const Tensor& y) {
+                                         double eps, const Tensor& y, bool relu) {
   if (x.dtype() == kBFloat16) {
     Tensor yf(y.shape(), kFloat32, y.device());
-    batch_norm_forward_eval(x.to(kFloat32), gamma, beta, running_mean, running_var, eps, yf);
+    batch_norm_forward_eval(x.to(kFloat32), gamma, beta, running_mean, running_var, eps, yf, relu);
     y.copy_(yf);
     return;
   }
   dispatch_floating(x.dtype(), "batch_norm", [&](auto tag) {
-    bn_eval<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, eps, y);
+    bn_eval<typename decltype(tag)::type>(x, gamma, beta, running_mean, running_var, eps, y, relu);
   });
 }
 
 void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                      const Tensor& save_mean, const Tensor& save_invstd,
-                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                                     const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
+                                     const Tensor& dbeta) {
+  if (relu_out.defined()) {
+    // The ReLU's backward first, exactly as the ReluBackward op computes it; the CPU is the
+    // reference, so it may take the extra pass that the CUDA kernels fuse away.
+    Tensor masked(dy.shape(), dy.dtype(), dy.device());
+    binary(BinaryOp::ReluBackward, dy, relu_out, masked);
+    batch_norm_backward(masked, x, gamma, save_mean, save_invstd, Tensor(), dx, dgamma, dbeta);
+    return;
+  }
   if (x.dtype() == kBFloat16) {
     Tensor dxf(dx.shape(), kFloat32, dx.device());
-    batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), gamma, save_mean, save_invstd, dxf, dgamma, dbeta);
+    batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), gamma, save_mean, save_invstd, Tensor(), dxf, dgamma,
+                        dbeta);
     dx.copy_(dxf);
     return;
   }

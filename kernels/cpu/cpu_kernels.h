@@ -59,13 +59,13 @@ class CpuBackend final : public Backend {
   void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                 const Tensor& running_mean, const Tensor& running_var,
                                 double momentum, double eps, const Tensor& y,
-                                const Tensor& save_mean, const Tensor& save_invstd) override;
+                                const Tensor& save_mean, const Tensor& save_invstd, bool relu) override;
   void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& running_mean, const Tensor& running_var, double eps,
-                               const Tensor& y) override;
+                               const Tensor& y, bool relu) override;
   void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
-                           const Tensor& dgamma, const Tensor& dbeta) override;
+                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
+                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override;
   // optim.cpp
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                 const SgdParams& p) override;

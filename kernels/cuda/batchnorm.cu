@@ -39,14 +39,24 @@ struct BnStatsLast {
   }
 };
 
+// dy masked by the fused ReLU's output (Note [batch norm + ReLU] in kernels/backend.h): the
+// value the ReluBackward op would have written, without writing it. relu_out null: dy.
+template <typename T>
+__device__ inline T relu_masked(T dy, const T* relu_out, int64_t i) {
+  if (relu_out == nullptr) return dy;
+  using C = opmath_t<T>;
+  return static_cast<C>(relu_out[i]) > C(0) ? dy : T(0);
+}
+
 // Sums of dy and dy * (x - mean).
 template <typename T, typename P>
 struct BnGradLast {
   const T* dy;
   const T* x;
   const P* save_mean;
+  const T* relu_out;
   __device__ void operator()(int64_t c, int64_t i, double* sums) const {
-    const double d = static_cast<double>(dy[i]);
+    const double d = static_cast<double>(relu_masked(dy[i], relu_out, i));
     sums[0] += d;
     sums[1] += d * (static_cast<double>(x[i]) - static_cast<double>(save_mean[c]));
   }
@@ -102,14 +112,31 @@ __global__ void bn_stats_finish(const T* x, const double* partial, const P* gamm
 
 // y = (x - mean) * scale + shift with coef from bn_stats_finish.
 // T is the activations' type, P the per-channel one (float for bfloat16 activations: they are
-// computed in float and rounded once).
-template <typename T, typename P>
+// computed in float and rounded once). Relu: then relu of the rounded value, as the ReLU op
+// computes it (Note [batch norm + ReLU] in kernels/backend.h).
+template <typename T, typename P, bool Relu>
 struct BnApply {
   const P* coef;
   __device__ T operator()(int64_t c, T x) const {
-    return static_cast<T>((static_cast<P>(x) - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]);
+    const T y = static_cast<T>((static_cast<P>(x) - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]);
+    if constexpr (Relu) {
+      using C = opmath_t<T>;
+      const C v = static_cast<C>(y);
+      return static_cast<T>(v > C(0) ? v : C(0));
+    }
+    return y;
   }
 };
+
+// The apply pass, with the ReLU or without.
+template <typename T, typename P>
+void bn_apply(const Tensor& x, const Tensor& coef, const Tensor& y, bool relu, cudaStream_t stream) {
+  if (relu) {
+    channel_map_any(x, BnApply<T, P, true>{cptr<P>(coef)}, ptr<T>(y), stream, cptr<T>(x));
+  } else {
+    channel_map_any(x, BnApply<T, P, false>{cptr<P>(coef)}, ptr<T>(y), stream, cptr<T>(x));
+  }
+}
 
 // y = (x - running_mean) * scale + shift with coef from bn_eval_coef (the same form as training).
 template <typename P>
@@ -123,15 +150,22 @@ __global__ void bn_eval_coef(const P* gamma, const P* beta, const P* running_mea
   coef[c * 3 + 2] = beta[c];
 }
 
-// partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group.
+// partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group
+// (dy masked by relu_out when it is not null).
 template <int VEC, typename T, typename P>
-__global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, double* partial,
-                                 ChannelSplit g) {
+__global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, const T* relu_out,
+                                 double* partial, ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
   const double mean = static_cast<double>(save_mean[c]);
   double sdy = 0, sdyx = 0;
   for_channel_group<VEC>(g, c, s, [&](int64_t off) {
-    const Vec<T, VEC> dv = load_vec<VEC>(dy, off), xv = load_vec<VEC>(x, off);
+    Vec<T, VEC> dv = load_vec<VEC>(dy, off);
+    const Vec<T, VEC> xv = load_vec<VEC>(x, off);
+    if (relu_out != nullptr) {
+      const Vec<T, VEC> rv = load_vec<VEC>(relu_out, off);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dv.v[j] = relu_masked(dv.v[j], rv.v + j, 0);
+    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const double d = static_cast<double>(dv.v[j]);
@@ -179,6 +213,15 @@ struct BnGradApply {
   }
 };
 
+// The same with dy masked by the fused ReLU's output.
+template <typename T, typename P>
+struct BnReluGradApply {
+  const P* coef;
+  __device__ T operator()(int64_t c, T dy, T x, T relu_out) const {
+    return BnGradApply<T, P>{coef}(c, relu_masked(dy, &relu_out, 0), x);
+  }
+};
+
 unsigned channel_threads_grid(int64_t c) { return static_cast<unsigned>((c + kBlock - 1) / kBlock); }
 
 }  // namespace
@@ -187,7 +230,7 @@ unsigned channel_threads_grid(int64_t c) { return static_cast<unsigned>((c + kBl
 void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                            const Tensor& running_mean, const Tensor& running_var,
                                            double momentum, double eps, const Tensor& y,
-                                           const Tensor& save_mean, const Tensor& save_invstd) {
+                                           const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   const gpu::ChannelSplit g = gpu::bn_split(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
@@ -212,13 +255,13 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
         gpu::ptr<P>(running_mean), gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean),
         gpu::ptr<P>(save_invstd), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
+    gpu::bn_apply<T, P>(x, coef, y, relu, stream);
   });
 }
 
 void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                           const Tensor& running_mean, const Tensor& running_var,
-                                          double eps, const Tensor& y) {
+                                          double eps, const Tensor& y, bool relu) {
   const gpu::ChannelSplit g = gpu::bn_split(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
@@ -231,13 +274,14 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
         gpu::cptr<P>(gamma), gpu::cptr<P>(beta), gpu::cptr<P>(running_mean), gpu::cptr<P>(running_var), eps,
         gpu::ptr<P>(coef), g.c);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(y), stream, gpu::cptr<T>(x));
+    gpu::bn_apply<T, P>(x, coef, y, relu, stream);
   });
 }
 
 void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                       const Tensor& save_mean, const Tensor& save_invstd,
-                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                                      const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
+                                      const Tensor& dbeta) {
   const gpu::ChannelSplit g = gpu::bn_split(x);
   if (g.c == 0) return;
   if (x.numel() == 0) {
@@ -252,23 +296,29 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
   dispatch_floating_bf16(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using P = opmath_t<T>;
+    const T* mask = relu_out.defined() ? gpu::cptr<T>(relu_out) : nullptr;
     if (gpu::channels_last(x)) {
       gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean)},
+          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), mask},
           gpu::ptr<double>(partial));
     } else {
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_grad_partials<vec.value, T, P><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), gpu::ptr<double>(partial), g);
-      }, gpu::cptr<T>(dy), gpu::cptr<T>(x));
+            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
+      }, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
     }
     TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_grad_finish<P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
         gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::channel_map_any(x, gpu::BnGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream, gpu::cptr<T>(dy),
-                         gpu::cptr<T>(x));
+    if (mask != nullptr) {
+      gpu::channel_map_any(x, gpu::BnReluGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream,
+                           gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
+    } else {
+      gpu::channel_map_any(x, gpu::BnGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream,
+                           gpu::cptr<T>(dy), gpu::cptr<T>(x));
+    }
   });
 }
 

@@ -1,0 +1,142 @@
+// Batch norm + ReLU as one op (Note [batch norm + ReLU] in kernels/backend.h): the same bits as
+// relu(batch_norm(x)) -- output, running statistics and every gradient -- on each device, in
+// both memory formats and in float32, float64 and bfloat16; a float64 gradcheck; Residual with
+// the fusion on equal to it off; and a mask of the wrong shape named.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck_util.h"
+#include "autograd/ops.h"
+#include "catch.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "helpers.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "nn/residual.h"
+
+using namespace tandem;
+using tandem::test::check_gradients;
+using tandem::test::leaf;
+using tandem::test::values;
+using V = std::vector<Tensor>;
+
+namespace {
+
+struct Run {
+  Tensor y, dx, dgamma, dbeta, running_mean, running_var;
+};
+
+// Training-mode batch norm and ReLU on x, fused or as two ops, then a backward of dy.
+Run bn_relu(const Tensor& x0, const Tensor& gamma0, const Tensor& beta0, const Tensor& dy, bool fused) {
+  Tensor x = x0.detach().clone();
+  x.set_requires_grad(true);
+  Tensor gamma = gamma0.detach().clone(), beta = beta0.detach().clone();
+  gamma.set_requires_grad(true);
+  beta.set_requires_grad(true);
+  Run r;
+  r.running_mean = zeros({gamma.numel()}, gamma.dtype(), gamma.device());
+  r.running_var = ones({gamma.numel()}, gamma.dtype(), gamma.device());
+  r.y = fused ? batch_norm_relu(x, gamma, beta, r.running_mean, r.running_var, true, 0.1, 1e-5)
+              : relu(batch_norm(x, gamma, beta, r.running_mean, r.running_var, true, 0.1, 1e-5));
+  r.y.backward(dy);
+  r.dx = x.grad(), r.dgamma = gamma.grad(), r.dbeta = beta.grad();
+  return r;
+}
+
+// Restores the fusion setting at the end of a test.
+struct FuseSetting {
+  bool prev = fuse_bn_relu();
+  ~FuseSetting() { set_fuse_bn_relu(prev); }
+};
+
+}  // namespace
+
+TEST_CASE("batch_norm_relu is relu(batch_norm) bit for bit, forward and backward", "[nn][cuda]") {
+  manual_seed(41);
+  for (const Device d : test::test_devices()) {
+    for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+      const DType pt = dt == kBFloat16 ? kFloat32 : dt;  // bfloat16 activations keep float32 parameters
+      for (const Shape& shape : {Shape{4, 3, 5, 6}, Shape{9, 3}}) {
+        for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+          if (fmt == MemoryFormat::ChannelsLast && shape.size() != 4) continue;
+          INFO("on " << d.str() << ", " << dtype_name(dt) << " x " << shape_str(shape)
+                     << (fmt == MemoryFormat::ChannelsLast ? " channels-last" : ""));
+          const Tensor x = uniform(shape, -2.0, 2.0).to(dt).contiguous(fmt).to(d);
+          const Tensor dy = uniform(shape, -1.0, 1.0).to(dt).contiguous(fmt).to(d);
+          const Tensor gamma = uniform({3}, 0.5, 1.5).to(pt).to(d), beta = uniform({3}, -0.5, 0.5).to(pt).to(d);
+          const Run two = bn_relu(x, gamma, beta, dy, false), one = bn_relu(x, gamma, beta, dy, true);
+          const std::vector<double> y = values(one.y);
+          REQUIRE(y == values(two.y));
+          // The ReLU did something: some outputs are zero, some are not.
+          size_t zeros_seen = 0;
+          for (double v : y) zeros_seen += v == 0.0;
+          CHECK(zeros_seen > y.size() / 5);
+          CHECK(zeros_seen < y.size() * 4 / 5);
+          CHECK(values(one.dx) == values(two.dx));
+          CHECK(values(one.dgamma) == values(two.dgamma));
+          CHECK(values(one.dbeta) == values(two.dbeta));
+          CHECK(values(one.running_mean) == values(two.running_mean));
+          CHECK(values(one.running_var) == values(two.running_var));
+          CHECK(one.y.is_contiguous(fmt));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gradcheck batch_norm_relu train and eval", "[autograd]") {
+  manual_seed(43);
+  Tensor x = leaf({4, 3, 2, 3}, -2.0, 2.0);
+  Tensor gamma = leaf({3}, 0.5, 1.5), beta = leaf({3});
+  Tensor rmean = uniform({3}, -0.5, 0.5, kFloat64), rvar = uniform({3}, 0.5, 2.0, kFloat64);
+  for (bool training : {true, false}) {
+    INFO("training " << training);
+    check_gradients(
+        [&](const V& in) { return batch_norm_relu(in[0], in[1], in[2], rmean, rvar, training, 0.1, 1e-5); },
+        {x, gamma, beta});
+  }
+}
+
+TEST_CASE("Residual with batch norm + ReLU fused equals it unfused", "[nn][cuda]") {
+  FuseSetting restore;
+  for (const Device d : test::test_devices()) {
+    INFO("on " << d.str());
+    Generator gen(5);
+    auto fused = std::make_shared<nn::Residual>(3, 4, true, 2, gen);
+    auto plain = std::static_pointer_cast<nn::Residual>(fused->clone());
+    fused->to(d);
+    plain->to(d);
+    const Tensor x = uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32).to(d);
+    set_fuse_bn_relu(true);
+    const Tensor y1 = (*fused)(x);
+    sum(y1).backward();
+    set_fuse_bn_relu(false);
+    const Tensor y0 = (*plain)(x);
+    sum(y0).backward();
+    REQUIRE(values(y1) == values(y0));
+    const auto p1 = fused->named_parameters(), p0 = plain->named_parameters();
+    REQUIRE(p1.size() == p0.size());
+    for (size_t i = 0; i < p1.size(); ++i) {
+      INFO(p1.item(i).first);
+      CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
+    }
+    const auto b1 = fused->named_buffers(), b0 = plain->named_buffers();
+    for (size_t i = 0; i < b1.size(); ++i) {
+      INFO(b1.item(i).first);
+      CHECK(values(b1.item(i).second) == values(b0.item(i).second));
+    }
+  }
+}
+
+TEST_CASE("batch_norm_backward names a ReLU mask of the wrong shape or dtype", "[kernels]") {
+  const Tensor x = uniform({4, 3}, -1.0, 1.0), dy = uniform({4, 3}, -1.0, 1.0);
+  const Tensor mean = zeros({3}), invstd = ones({3});
+  const std::string msg = test::error_message<ShapeError>(
+      [&] { kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, zeros({4, 2})); });
+  CHECK(test::contains(msg, "relu_out"));
+  CHECK(test::contains(msg, shape_str({4, 2})));
+  test::error_message<DTypeError>(
+      [&] { kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, zeros({4, 3}, kFloat64)); });
+}
