@@ -369,7 +369,8 @@ bool direct_conv_applies(DirectPass pass, const Tensor& x, const Tensor& w, cons
   const int64_t elem = static_cast<int64_t>(dtype_size(x.dtype()));
   switch (pass) {
     case DirectPass::Forward:
-      return ws[1] * ws[2] * ws[3] <= kMaxForwardTaps && conv_layout(forward_shape(xs, ws, ys, p)).shared_elems * elem <= kMaxSharedBytes;
+      return ws[1] * ws[2] * ws[3] <= kMaxForwardTaps &&
+             conv_layout(forward_shape(xs, ws, ys, p)).shared_elems * elem <= kMaxSharedBytes;
     case DirectPass::BackwardWeight: {
       const WgradLayout l = wgrad_layout(forward_shape(xs, ws, ys, p), /*with_bias=*/true);
       return l.slots <= kMaxWgradThreads && l.shared_elems * elem <= kMaxSharedBytes;
