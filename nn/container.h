@@ -1,5 +1,6 @@
 #pragma once
-// Sequential: children applied in order, named "0", "1", ...
+// Sequential: children applied in order, named "0", "1", ... (a BatchNorm2d and the ReLU after
+// it as one op when fuse_bn_relu() is on: Note [batch norm + ReLU] in kernels/backend.h).
 #include <initializer_list>
 #include <memory>
 #include <vector>

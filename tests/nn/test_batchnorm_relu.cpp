@@ -14,6 +14,11 @@
 #include "helpers.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "autograd/node.h"
+#include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/container.h"
+#include "nn/conv.h"
 #include "nn/residual.h"
 
 using namespace tandem;
@@ -127,6 +132,44 @@ TEST_CASE("Residual with batch norm + ReLU fused equals it unfused", "[nn][cuda]
       INFO(b1.item(i).first);
       CHECK(values(b1.item(i).second) == values(b0.item(i).second));
     }
+  }
+}
+
+TEST_CASE("A Sequential runs its BatchNorm2d and the ReLU after it as one op", "[nn][cuda]") {
+  FuseSetting restore;
+  for (const Device d : test::test_devices()) {
+    INFO("on " << d.str());
+    Generator gen(9);
+    // BN -> ReLU (fused), BN -> Conv (not), and a BN at the end (nothing after it).
+    auto fused = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(4),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm2d>(4),
+        std::make_shared<nn::Conv2d>(4, 2, 3, 1, 0, true, gen), std::make_shared<nn::BatchNorm2d>(2)});
+    auto plain = std::static_pointer_cast<nn::Sequential>(fused->clone());
+    fused->to(d);
+    plain->to(d);
+    const Tensor x = uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32).to(d);
+    set_fuse_bn_relu(true);
+    const Tensor y1 = (*fused)(x);
+    sum(y1).backward();
+    set_fuse_bn_relu(false);
+    const Tensor y0 = (*plain)(x);
+    sum(y0).backward();
+    REQUIRE(values(y1) == values(y0));
+    const auto p1 = fused->named_parameters(), p0 = plain->named_parameters();
+    for (size_t i = 0; i < p1.size(); ++i) {
+      INFO(p1.item(i).first);
+      CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
+    }
+    // What ran: one fused node for BN -> ReLU, the plain one otherwise.
+    nn::Sequential pair({std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
+    pair.to(d);
+    Tensor h = uniform({2, 4, 3, 3}, -1.0, 1.0, kFloat32).to(d);
+    h.set_requires_grad(true);
+    set_fuse_bn_relu(true);
+    CHECK(autograd::meta(pair(h)).grad_fn->name() == "BatchNormRelu");
+    set_fuse_bn_relu(false);
+    CHECK(autograd::meta(pair(h)).grad_fn->name() == "Relu");
   }
 }
 
