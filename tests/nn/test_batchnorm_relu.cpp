@@ -56,6 +56,34 @@ struct FuseSetting {
   ~FuseSetting() { set_fuse_bn_relu(prev); }
 };
 
+// A training step of `model` with the fusion on against one of its clone with it off, on
+// device d: the same output, parameter gradients and buffers (running statistics), bit for bit.
+void check_fusion_changes_nothing(const std::shared_ptr<nn::Module>& model, const Tensor& x_cpu, Device d) {
+  FuseSetting restore;
+  const std::shared_ptr<nn::Module> plain = model->clone();
+  model->to(d);
+  plain->to(d);
+  const Tensor x = x_cpu.to(d);
+  set_fuse_bn_relu(true);
+  const Tensor y1 = (*model)(x);
+  sum(y1).backward();
+  set_fuse_bn_relu(false);
+  const Tensor y0 = (*plain)(x);
+  sum(y0).backward();
+  REQUIRE(values(y1) == values(y0));
+  const auto p1 = model->named_parameters(), p0 = plain->named_parameters();
+  REQUIRE(p1.size() == p0.size());
+  for (size_t i = 0; i < p1.size(); ++i) {
+    INFO(p1.item(i).first);
+    CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
+  }
+  const auto b1 = model->named_buffers(), b0 = plain->named_buffers();
+  for (size_t i = 0; i < b1.size(); ++i) {
+    INFO(b1.item(i).first);
+    CHECK(values(b1.item(i).second) == values(b0.item(i).second));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("batch_norm_relu is relu(batch_norm) bit for bit, forward and backward", "[nn][cuda]") {
@@ -105,33 +133,11 @@ TEST_CASE("gradcheck batch_norm_relu train and eval", "[autograd]") {
 }
 
 TEST_CASE("Residual with batch norm + ReLU fused equals it unfused", "[nn][cuda]") {
-  FuseSetting restore;
   for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
     Generator gen(5);
-    auto fused = std::make_shared<nn::Residual>(3, 4, true, 2, gen);
-    auto plain = std::static_pointer_cast<nn::Residual>(fused->clone());
-    fused->to(d);
-    plain->to(d);
-    const Tensor x = uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32).to(d);
-    set_fuse_bn_relu(true);
-    const Tensor y1 = (*fused)(x);
-    sum(y1).backward();
-    set_fuse_bn_relu(false);
-    const Tensor y0 = (*plain)(x);
-    sum(y0).backward();
-    REQUIRE(values(y1) == values(y0));
-    const auto p1 = fused->named_parameters(), p0 = plain->named_parameters();
-    REQUIRE(p1.size() == p0.size());
-    for (size_t i = 0; i < p1.size(); ++i) {
-      INFO(p1.item(i).first);
-      CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
-    }
-    const auto b1 = fused->named_buffers(), b0 = plain->named_buffers();
-    for (size_t i = 0; i < b1.size(); ++i) {
-      INFO(b1.item(i).first);
-      CHECK(values(b1.item(i).second) == values(b0.item(i).second));
-    }
+    check_fusion_changes_nothing(std::make_shared<nn::Residual>(3, 4, true, 2, gen),
+                                 uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32), d);
   }
 }
 
@@ -141,26 +147,12 @@ TEST_CASE("A Sequential runs its BatchNorm2d and the ReLU after it as one op", "
     INFO("on " << d.str());
     Generator gen(9);
     // BN -> ReLU (fused), BN -> Conv (not), and a BN at the end (nothing after it).
-    auto fused = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-        std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(4),
-        std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm2d>(4),
-        std::make_shared<nn::Conv2d>(4, 2, 3, 1, 0, true, gen), std::make_shared<nn::BatchNorm2d>(2)});
-    auto plain = std::static_pointer_cast<nn::Sequential>(fused->clone());
-    fused->to(d);
-    plain->to(d);
-    const Tensor x = uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32).to(d);
-    set_fuse_bn_relu(true);
-    const Tensor y1 = (*fused)(x);
-    sum(y1).backward();
-    set_fuse_bn_relu(false);
-    const Tensor y0 = (*plain)(x);
-    sum(y0).backward();
-    REQUIRE(values(y1) == values(y0));
-    const auto p1 = fused->named_parameters(), p0 = plain->named_parameters();
-    for (size_t i = 0; i < p1.size(); ++i) {
-      INFO(p1.item(i).first);
-      CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
-    }
+    check_fusion_changes_nothing(
+        std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+            std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(4),
+            std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm2d>(4),
+            std::make_shared<nn::Conv2d>(4, 2, 3, 1, 0, true, gen), std::make_shared<nn::BatchNorm2d>(2)}),
+        uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32), d);
     // What ran: one fused node for BN -> ReLU, the plain one otherwise.
     nn::Sequential pair({std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
     pair.to(d);
