@@ -40,12 +40,11 @@ struct BnStatsLast {
 };
 
 // dy masked by the fused ReLU's output (Note [batch norm + ReLU] in kernels/backend.h): the
-// value the ReluBackward op would have written, without writing it. relu_out null: dy.
+// value the ReluBackward op would have written, without writing it.
 template <typename T>
-__device__ inline T relu_masked(T dy, const T* relu_out, int64_t i) {
-  if (relu_out == nullptr) return dy;
+__device__ inline T relu_masked(T dy, T relu_out) {
   using C = opmath_t<T>;
-  return static_cast<C>(relu_out[i]) > C(0) ? dy : T(0);
+  return static_cast<C>(relu_out) > C(0) ? dy : T(0);
 }
 
 // Sums of dy and dy * (x - mean).
@@ -56,7 +55,7 @@ struct BnGradLast {
   const P* save_mean;
   const T* relu_out;
   __device__ void operator()(int64_t c, int64_t i, double* sums) const {
-    const double d = static_cast<double>(relu_masked(dy[i], relu_out, i));
+    const double d = static_cast<double>(relu_out != nullptr ? relu_masked(dy[i], relu_out[i]) : dy[i]);
     sums[0] += d;
     sums[1] += d * (static_cast<double>(x[i]) - static_cast<double>(save_mean[c]));
   }
@@ -164,7 +163,7 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, co
     if (relu_out != nullptr) {
       const Vec<T, VEC> rv = load_vec<VEC>(relu_out, off);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) dv.v[j] = relu_masked(dv.v[j], rv.v + j, 0);
+      for (int j = 0; j < VEC; ++j) dv.v[j] = relu_masked(dv.v[j], rv.v[j]);
     }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -218,7 +217,7 @@ template <typename T, typename P>
 struct BnReluGradApply {
   const P* coef;
   __device__ T operator()(int64_t c, T dy, T x, T relu_out) const {
-    return BnGradApply<T, P>{coef}(c, relu_masked(dy, &relu_out, 0), x);
+    return BnGradApply<T, P>{coef}(c, relu_masked(dy, relu_out), x);
   }
 };
 

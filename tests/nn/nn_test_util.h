@@ -5,6 +5,7 @@
 
 #include "catch.h"
 #include "helpers.h"
+#include "core/generator.h"
 #include "core/tensor.h"
 
 namespace tandem::test {
@@ -13,6 +14,44 @@ namespace tandem::test {
 // A float64 CPU tensor holding `values` (row-major).
 inline Tensor f64(const std::vector<double>& values, const Shape& shape) {
   return from_vector<double>(values, shape);
+}
+
+// Three parameters ([2, 3], [4], [3]) back to back in one buffer -- a coalesced model, as
+// parallel::coalesce leaves one -- their gradients likewise in grad_buffer, and separate
+// copies of the parameters (plain_params) for the per-parameter path; on `device`.
+struct TwoModels {
+  std::vector<Tensor> flat_params, plain_params;
+  Tensor grad_buffer;
+  std::vector<Tensor> flat_grads;
+};
+
+inline TwoModels two_models(Device device = kCPU, DType dtype = kFloat64, Generator* gen = nullptr) {
+  const std::vector<Shape> shapes{{2, 3}, {4}, {3}};
+  TwoModels m;
+  Tensor buffer = uniform({13}, -1.0, 1.0, dtype, kCPU, gen).to(device);
+  m.grad_buffer = zeros({13}, dtype, device);
+  int64_t offset = 0;
+  for (const Shape& s : shapes) {
+    const int64_t n = shape_numel(s);
+    Tensor p = buffer.slice(0, offset, offset + n).view(s);
+    p.set_requires_grad(true);
+    m.flat_params.push_back(p);
+    m.plain_params.push_back(p.detach().clone().set_requires_grad(true));
+    m.flat_grads.push_back(m.grad_buffer.slice(0, offset, offset + n).view(s));
+    offset += n;
+  }
+  return m;
+}
+
+// Fresh random gradients, the same for both models; skip_middle leaves the second parameter
+// without one (which sends a step down the per-parameter path).
+inline void set_grads(TwoModels& m, bool skip_middle = false, Generator* gen = nullptr) {
+  m.grad_buffer.copy_(uniform({13}, -1.0, 1.0, m.grad_buffer.dtype(), kCPU, gen));
+  for (size_t k = 0; k < m.flat_params.size(); ++k) {
+    const bool skip = skip_middle && k == 1;
+    m.flat_params[k].set_grad(skip ? Tensor() : m.flat_grads[k]);
+    m.plain_params[k].set_grad(skip ? Tensor() : m.flat_grads[k].clone());
+  }
 }
 
 }  // namespace tandem::test

@@ -275,45 +275,9 @@ TEST_CASE("Optimizer skips parameters without a gradient and validates input", "
   CHECK(values(a.grad()) == std::vector<double>(4, 0.0));
 }
 
-namespace {
-
-// Three parameters back to back in one float64 buffer, their gradients likewise, and separate
-// copies of both: what a coalesced model and a plain one look like to an optimizer.
-struct TwoModels {
-  std::vector<Tensor> flat_params, plain_params;
-  Tensor grad_buffer;
-  std::vector<Tensor> flat_grads;
-};
-
-TwoModels two_models() {
-  const std::vector<Shape> shapes{{2, 3}, {4}, {3}};
-  TwoModels m;
-  Tensor buffer = uniform({13}, -1.0, 1.0, kFloat64);
-  m.grad_buffer = zeros({13}, kFloat64);
-  int64_t offset = 0;
-  for (const Shape& s : shapes) {
-    const int64_t n = shape_numel(s);
-    Tensor p = buffer.slice(0, offset, offset + n).view(s);
-    p.set_requires_grad(true);
-    m.flat_params.push_back(p);
-    m.plain_params.push_back(p.clone().set_requires_grad(true));
-    m.flat_grads.push_back(m.grad_buffer.slice(0, offset, offset + n).view(s));
-    offset += n;
-  }
-  return m;
-}
-
-// Fresh random gradients, the same for both models.
-void set_grads(TwoModels& m, bool skip_middle = false) {
-  m.grad_buffer.copy_(uniform({13}, -1.0, 1.0, kFloat64));
-  for (size_t k = 0; k < m.flat_params.size(); ++k) {
-    const bool skip = skip_middle && k == 1;
-    m.flat_params[k].set_grad(skip ? Tensor() : m.flat_grads[k]);
-    m.plain_params[k].set_grad(skip ? Tensor() : m.flat_grads[k].clone());
-  }
-}
-
-}  // namespace
+using tandem::test::set_grads;
+using tandem::test::two_models;
+using tandem::test::TwoModels;
 
 TEST_CASE("a coalesced model takes one fused optimizer step with the same result", "[nn]") {
   using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;

@@ -13,6 +13,7 @@
 #include "helpers.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
+#include "nn_test_util.h"
 
 using namespace tandem;
 using namespace tandem::nn;
@@ -196,40 +197,6 @@ TEST_CASE("the learning rate of a capturable optimizer is read from the device a
 
 namespace {
 
-// Three parameters back to back in one buffer (a coalesced model), their gradients likewise,
-// and separate copies of both, on d.
-struct Coalesced {
-  std::vector<Tensor> flat, plain, grads;
-  Tensor grad_buffer;
-};
-
-Coalesced coalesced(Device d, DType dt, Generator& gen) {
-  const std::vector<Shape> shapes{{2, 3}, {4}, {3}};
-  Coalesced m;
-  Tensor buffer = uniform({13}, -1.0, 1.0, dt, kCPU, &gen).to(d);
-  m.grad_buffer = zeros({13}, dt, d);
-  int64_t offset = 0;
-  for (const Shape& s : shapes) {
-    const int64_t n = shape_numel(s);
-    Tensor p = buffer.slice(0, offset, offset + n).view(s);
-    p.set_requires_grad(true);
-    m.flat.push_back(p);
-    m.plain.push_back(p.detach().clone().set_requires_grad(true));
-    m.grads.push_back(m.grad_buffer.slice(0, offset, offset + n).view(s));
-    offset += n;
-  }
-  return m;
-}
-
-void set_grads(Coalesced& m, Generator& gen, bool skip_middle) {
-  m.grad_buffer.copy_(uniform({13}, -1.0, 1.0, m.grad_buffer.dtype(), kCPU, &gen));
-  for (size_t k = 0; k < m.flat.size(); ++k) {
-    const bool skip = skip_middle && k == 1;
-    m.flat[k].set_grad(skip ? Tensor() : m.grads[k]);
-    m.plain[k].set_grad(skip ? Tensor() : m.grads[k].clone());
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a capturable optimizer takes the flat path with one step count", "[nn][cuda]") {
@@ -240,8 +207,8 @@ TEST_CASE("a capturable optimizer takes the flat path with one step count", "[nn
       const bool adam = std::string(c.name).rfind("adam", 0) == 0;
       INFO(d.str() << " " << c.name);
       Generator gen(5);
-      Coalesced m = coalesced(d, kFloat64, gen);
-      auto fused = c.make(m.flat, true), plain = c.make(m.plain, false);
+      test::TwoModels m = test::two_models(d, kFloat64, &gen);
+      auto fused = c.make(m.flat_params, true), plain = c.make(m.plain_params, false);
       // Steps 0-1 flat; 2 without the middle gradient, per parameter (Adam's shared count is
       // split); 3 flat again for SGD, per parameter for Adam (the counts differ).
       for (int step = 0; step < 4; ++step) {
@@ -250,10 +217,10 @@ TEST_CASE("a capturable optimizer takes the flat path with one step count", "[nn
           fused->set_lr(0.02);
           plain->set_lr(0.02);
         }
-        set_grads(m, gen, /*skip_middle=*/step == 2);
+        test::set_grads(m, /*skip_middle=*/step == 2, &gen);
         fused->step();
         plain->step();
-        check_equal(m.flat, m.plain, tolerance(adam, d, kFloat64));
+        check_equal(m.flat_params, m.plain_params, tolerance(adam, d, kFloat64));
         if (adam && step == 1) {
           // The flat path: one buffer for the moments, one count for every parameter.
           const StateDict sd = fused->state_dict();
@@ -284,8 +251,8 @@ namespace {
 
 // The parameters of a three-tensor model on d: views of one buffer (coalesced) or separate.
 std::vector<Tensor> three_params(Device d, bool coalesce, Generator& gen) {
-  Coalesced m = coalesced(d, kFloat64, gen);
-  return coalesce ? m.flat : m.plain;
+  test::TwoModels m = test::two_models(d, kFloat64, &gen);
+  return coalesce ? m.flat_params : m.plain_params;
 }
 
 // Gradients from g [13]: views of one fresh buffer, so coalesced parameters take the flat path.
