@@ -222,10 +222,11 @@ class Backend {
 //   TANDEM_DIRECT_CONV=0 turns it off.
 void set_direct_conv(bool on);
 bool direct_conv();
-// fuse_bn_relu (default false): Residual blocks run their batch norm + ReLU as one op
-//   (batch_norm_relu; Note [batch norm + ReLU]): the same values and gradients with one pass
-//   over the activations fewer forward and backward. Off by default until measured on a GPU.
-//   Environment: TANDEM_FUSE_BN_RELU=1 turns it on.
+// fuse_bn_relu (default true): Residual blocks, and a Sequential's BatchNorm2d followed by a
+//   ReLU, run the batch norm + ReLU as one op (batch_norm_relu; Note [batch norm + ReLU]): the
+//   same values and gradients with one pass over the activations fewer forward and backward
+//   (ResNet-18 on an H200: +2.5% images/s channels-last bf16, +2.2% float32). Environment:
+//   TANDEM_FUSE_BN_RELU=0 turns it off.
 void set_fuse_bn_relu(bool on);
 bool fuse_bn_relu();
 void set_cudnn_graph_api(bool on);

@@ -34,7 +34,7 @@ std::atomic<bool>& direct_conv_flag() {
   return flag;
 }
 std::atomic<bool>& fuse_bn_relu_flag() {
-  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", false)};
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", true)};
   return flag;
 }
 }  // namespace

@@ -113,11 +113,26 @@ __global__ void bn_stats_finish(const T* x, const double* partial, const P* gamm
 // T is the activations' type, P the per-channel one (float for bfloat16 activations: they are
 // computed in float and rounded once). Relu: then relu of the rounded value, as the ReLU op
 // computes it (Note [batch norm + ReLU] in kernels/backend.h).
+// Per-channel coefficients of a map: coef[c * N .. c * N + N), loaded at once (Note
+// [per-channel maps] in channel_reduce.cuh).
+template <typename P, int N>
+struct ChannelCoef {
+  P v[N];
+};
+template <int N, typename P>
+__device__ __forceinline__ ChannelCoef<P, N> load_coef(const P* coef, int64_t c) {
+  ChannelCoef<P, N> k;
+#pragma unroll
+  for (int j = 0; j < N; ++j) k.v[j] = coef[c * N + j];
+  return k;
+}
+
 template <typename T, typename P, bool Relu>
 struct BnApply {
-  const P* coef;
-  __device__ T operator()(int64_t c, T x) const {
-    const T y = static_cast<T>((static_cast<P>(x) - coef[c * 3]) * coef[c * 3 + 1] + coef[c * 3 + 2]);
+  const P* coef;  // (mean, scale, shift) per channel
+  __device__ ChannelCoef<P, 3> coef_of(int64_t c) const { return load_coef<3>(coef, c); }
+  __device__ T operator()(const ChannelCoef<P, 3>& k, T x) const {
+    const T y = static_cast<T>((static_cast<P>(x) - k.v[0]) * k.v[1] + k.v[2]);
     if constexpr (Relu) {
       using C = opmath_t<T>;
       const C v = static_cast<C>(y);
@@ -205,10 +220,10 @@ __global__ void bn_grad_finish(const double* partial, const P* gamma, const P* s
 
 template <typename T, typename P>
 struct BnGradApply {
-  const P* coef;
-  __device__ T operator()(int64_t c, T dy, T x) const {
-    return static_cast<T>(coef[c * 4] * static_cast<P>(dy) + coef[c * 4 + 1] * (static_cast<P>(x) - coef[c * 4 + 3]) +
-                          coef[c * 4 + 2]);
+  const P* coef;  // (a, b, d, mean) per channel
+  __device__ ChannelCoef<P, 4> coef_of(int64_t c) const { return load_coef<4>(coef, c); }
+  __device__ T operator()(const ChannelCoef<P, 4>& k, T dy, T x) const {
+    return static_cast<T>(k.v[0] * static_cast<P>(dy) + k.v[1] * (static_cast<P>(x) - k.v[3]) + k.v[2]);
   }
 };
 
@@ -216,8 +231,9 @@ struct BnGradApply {
 template <typename T, typename P>
 struct BnReluGradApply {
   const P* coef;
-  __device__ T operator()(int64_t c, T dy, T x, T relu_out) const {
-    return BnGradApply<T, P>{coef}(c, relu_masked(dy, relu_out), x);
+  __device__ ChannelCoef<P, 4> coef_of(int64_t c) const { return load_coef<4>(coef, c); }
+  __device__ T operator()(const ChannelCoef<P, 4>& k, T dy, T x, T relu_out) const {
+    return BnGradApply<T, P>{coef}(k, relu_masked(dy, relu_out), x);
   }
 };
 

@@ -10,6 +10,7 @@
 // atomics (Note [deterministic reductions]). Both kinds of kernel read 16-byte vectors when
 // HW allows (channel_vec): a warp then moves 512 bytes per load instead of 128.
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -86,19 +87,28 @@ __device__ __forceinline__ void for_channel_group(const ChannelSplit& g, int64_t
   }
 }
 
-// out[i] = f(c, in[i]...) over contiguous [N, C, HW] tensors, c the channel of element i: a flat
-// grid-stride loop over vectors of VEC elements (VEC divides HW, so one division per vector
-// finds the channel; Index is 32-bit when the tensor allows it). Every thread has work whatever
-// HW is (49 and 16 at the end of a ResNet), unlike a block per (image, channel) plane.
+// Note [per-channel maps]: the functor f of a per-channel map has two parts: f.coef_of(c) loads
+// what channel c needs from memory (a bias, or a batch norm's scale and shift), and
+// f(coef, x...) computes one element from it in registers. The kernels load a channel's
+// coefficients once per vector (NCHW: a vector lies in one channel) or, channels-last, once
+// per thread for the whole loop: there the VEC elements of a vector are VEC different
+// channels, and loading the coefficients of each element in the loop made 32 scattered loads
+// per 16-byte vector -- a warp touching eight cache lines for each -- which kept a batch norm
+// backward at half the memory bandwidth.
+//
+// out[i] = f(f.coef_of(c), in[i]...) over contiguous [N, C, HW] tensors, c the channel of element
+// i: a flat grid-stride loop over vectors of VEC elements (VEC divides HW, so one division per
+// vector finds the channel; Index is 32-bit when the tensor allows it). Every thread has work
+// whatever HW is (49 and 16 at the end of a ResNet), unlike a block per (image, channel) plane.
 template <int VEC, typename Index, typename F, typename Out, typename... In>
 __global__ void channel_map_kernel(Index vecs, Index hw_vecs, Index channels, F f, Out* out, const In*... in) {
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
-    const int64_t c = static_cast<int64_t>((v / hw_vecs) % channels);
+    const auto coef = f.coef_of(static_cast<int64_t>((v / hw_vecs) % channels));
     Vec<Out, VEC> o;
     auto apply = [&](const Vec<In, VEC>&... x) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.v[k] = f(c, x.v[k]...);
+      for (int k = 0; k < VEC; ++k) o.v[k] = f(coef, x.v[k]...);
     };
     apply(reinterpret_cast<const Vec<In, VEC>*>(in)[v]...);
     reinterpret_cast<Vec<Out, VEC>*>(out)[v] = o;
@@ -248,21 +258,55 @@ struct SumLast {
   __device__ void operator()(int64_t, int64_t i, double* sums) const { sums[0] += static_cast<double>(x[i]); }
 };
 
-// out[i] = f(c, in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte vectors
-// when C is a multiple of the vector (a vector then holds VEC consecutive channels of one pixel).
+// out[i] = f(f.coef_of(c), in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte
+// vectors when C is a multiple of the vector (a vector then holds VEC consecutive channels of
+// one pixel). When the grid's stride is a multiple of the C / VEC vectors of a pixel, a
+// thread's vectors all hold the same channels, and it loads their coefficients once (Note
+// [per-channel maps]); the launch sizes the grid so (one wave of blocks, each thread looping).
 template <int VEC, typename Index, typename F, typename Out, typename... In>
 __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out* out, const In*... in) {
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
-  for (Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += step) {
-    const int64_t c0 = static_cast<int64_t>(v % channel_vecs) * VEC;
+  Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  using Coef = decltype(f.coef_of(int64_t{0}));
+  auto run = [&](const Coef (&coef)[VEC], Index at) {
     Vec<Out, VEC> o;
     auto apply = [&](const Vec<In, VEC>&... x) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.v[k] = f(c0 + k, x.v[k]...);
+      for (int k = 0; k < VEC; ++k) o.v[k] = f(coef[k], x.v[k]...);
     };
-    apply(reinterpret_cast<const Vec<In, VEC>*>(in)[v]...);
-    reinterpret_cast<Vec<Out, VEC>*>(out)[v] = o;
+    apply(reinterpret_cast<const Vec<In, VEC>*>(in)[at]...);
+    reinterpret_cast<Vec<Out, VEC>*>(out)[at] = o;
+  };
+  Coef coef[VEC];
+  auto load = [&](Index at) {
+    const int64_t c0 = static_cast<int64_t>(at % channel_vecs) * VEC;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) coef[k] = f.coef_of(c0 + k);
+  };
+  if (step % channel_vecs == 0) {
+    load(v);  // c0 < C also for a thread past the end: the loads stay in bounds
+    for (; v < vecs; v += step) run(coef, v);
+  } else {
+    for (; v < vecs; v += step) {
+      load(v);
+      run(coef, v);
+    }
   }
+}
+
+// Blocks of kBlock threads that fill every multiprocessor of the current device once (eight
+// resident blocks each), for grid-stride loops that should loop rather than launch more blocks.
+inline int64_t one_wave_blocks() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cached[device & 63];
+  int sms = slot.load(std::memory_order_relaxed);
+  if (sms == 0) {
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    slot.store(sms, std::memory_order_relaxed);
+  }
+  return 8 * static_cast<int64_t>(sms);
 }
 
 template <typename T, typename F, typename... In>
@@ -271,11 +315,12 @@ void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t str
   with_channel_vec<T>(c, [&](auto vec) {
     constexpr int V = vec.value;
     const int64_t vecs = n / V;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(grid_for(vecs), one_wave_blocks()));
     if (n <= static_cast<int64_t>(INT32_MAX)) {
-      channel_map_last_kernel<V, uint32_t><<<grid_for(vecs), kBlock, 0, stream>>>(
+      channel_map_last_kernel<V, uint32_t><<<grid, kBlock, 0, stream>>>(
           static_cast<uint32_t>(vecs), static_cast<uint32_t>(c / V), f, out, in...);
     } else {
-      channel_map_last_kernel<V, int64_t><<<grid_for(vecs), kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
+      channel_map_last_kernel<V, int64_t><<<grid, kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
     }
     TANDEM_CUDA_CHECK_LAUNCH();
   }, static_cast<const T*>(out), in...);

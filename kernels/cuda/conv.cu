@@ -270,7 +270,8 @@ void convolve(Device device, const Tensor& xt, const Tensor& wt, const Tensor& y
 template <typename T>
 struct AddBias {
   const T* bias;
-  __device__ T operator()(int64_t c, T y) const { return y + bias[c]; }
+  __device__ T coef_of(int64_t c) const { return bias[c]; }
+  __device__ T operator()(T b, T y) const { return y + b; }
 };
 
 }  // namespace
