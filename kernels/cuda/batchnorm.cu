@@ -127,12 +127,25 @@ __device__ __forceinline__ ChannelCoef<P, N> load_coef(const P* coef, int64_t c)
   return k;
 }
 
+// a * b + c rounded once. The maps below spell out their fused multiply-adds: left to the
+// compiler, the contraction of the same expression can differ between two kernels that inline
+// it (a ReLU mask around it, say), and the fused batch norm + ReLU must give the unfused ops'
+// bits (Note [batch norm + ReLU] in kernels/backend.h).
+template <typename P>
+__device__ __forceinline__ P fma_p(P a, P b, P c) {
+  if constexpr (std::is_same_v<P, double>) {
+    return __fma_rn(a, b, c);
+  } else {
+    return __fmaf_rn(a, b, c);
+  }
+}
+
 template <typename T, typename P, bool Relu>
 struct BnApply {
   const P* coef;  // (mean, scale, shift) per channel
   __device__ ChannelCoef<P, 3> coef_of(int64_t c) const { return load_coef<3>(coef, c); }
   __device__ T operator()(const ChannelCoef<P, 3>& k, T x) const {
-    const T y = static_cast<T>((static_cast<P>(x) - k.v[0]) * k.v[1] + k.v[2]);
+    const T y = static_cast<T>(fma_p(static_cast<P>(x) - k.v[0], k.v[1], k.v[2]));
     if constexpr (Relu) {
       using C = opmath_t<T>;
       const C v = static_cast<C>(y);
@@ -223,7 +236,7 @@ struct BnGradApply {
   const P* coef;  // (a, b, d, mean) per channel
   __device__ ChannelCoef<P, 4> coef_of(int64_t c) const { return load_coef<4>(coef, c); }
   __device__ T operator()(const ChannelCoef<P, 4>& k, T dy, T x) const {
-    return static_cast<T>(k.v[0] * static_cast<P>(dy) + k.v[1] * (static_cast<P>(x) - k.v[3]) + k.v[2]);
+    return static_cast<T>(fma_p(k.v[0], static_cast<P>(dy), fma_p(k.v[1], static_cast<P>(x) - k.v[3], k.v[2])));
   }
 };
 
