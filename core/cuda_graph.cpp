@@ -143,40 +143,62 @@ bool StepGraph::matches(const std::vector<Tensor>& inputs) const {
   return true;
 }
 
+// The very tensor: the same memory, shape, strides and dtype (Note [fixed tensors of a step]).
+bool StepGraph::same_fixed(const std::vector<Tensor>& fixed) const {
+  if (fixed.size() != fixed_.size()) return false;
+  for (size_t i = 0; i < fixed.size(); ++i) {
+    const Tensor& a = fixed[i];
+    const Tensor& b = fixed_[i];
+    if (a.defined() != b.defined()) return false;
+    if (!a.defined()) continue;
+    if (a.raw_data() != b.raw_data() || a.shape() != b.shape() || a.strides() != b.strides() ||
+        a.dtype() != b.dtype() || a.device() != b.device())
+      return false;
+  }
+  return true;
+}
+
 void StepGraph::invalidate() noexcept { graph_.reset(); }
 
 void StepGraph::disable(std::string reason) {
   disabled_ = true;
   reason_ = std::move(reason);
   graph_.reset();
+  fixed_.clear();
 }
 
-void StepGraph::operator()(const std::vector<Tensor>& inputs) {
+namespace {
+std::vector<Tensor> joined(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  std::vector<Tensor> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+}  // namespace
+
+void StepGraph::run_eagerly(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed) {
+  ++eager_;
+  step_(fixed.empty() ? inputs : joined(inputs, fixed));
+}
+
+void StepGraph::operator()(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed) {
   const bool cuda = !inputs.empty() && inputs[0].defined() && inputs[0].device().is_cuda();
-  if (!cuda || disabled_ || !options_.enabled) {
-    ++eager_;
-    step_(inputs);
-    return;
-  }
+  if (!cuda || disabled_ || !options_.enabled) return run_eagerly(inputs, fixed);
   // After the first capture the graph's input shapes are fixed: other shapes (the last batch
   // of an epoch) run eagerly, also when a capture is due, so it is never taken on them.
   const bool shaped = static_inputs_.empty() || matches(inputs);
+  if (shaped && graph_.captured() && !same_fixed(fixed)) graph_.reset();  // warmed up: capture again
   if (shaped && graph_.captured()) {
     for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
     graph_.replay();
     ++replays_;
     return;
   }
-  if (shaped && warmup_left_ == 0) {
-    capture(inputs);
-    return;
-  }
+  if (shaped && warmup_left_ == 0) return capture(inputs, fixed);
   if (shaped) --warmup_left_;
-  ++eager_;
-  step_(inputs);
+  run_eagerly(inputs, fixed);
 }
 
-void StepGraph::capture(const std::vector<Tensor>& inputs) {
+void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed) {
   if (static_inputs_.empty()) {
     for (const Tensor& t : inputs) static_inputs_.push_back(empty(t.shape(), t.dtype(), t.device()));
   }
@@ -184,12 +206,11 @@ void StepGraph::capture(const std::vector<Tensor>& inputs) {
   const auto fall_back = [&](const std::exception& e) {
     disable(std::string("the step could not be captured: ") + e.what());
     std::fprintf(stderr, "tandem: CUDA graph off, steps run eagerly: %s\n", reason_.c_str());
-    ++eager_;
-    step_(inputs);  // the captured work never ran: this batch still gets its step
+    run_eagerly(inputs, fixed);  // the captured work never ran: this batch still gets its step
   };
   graph_.capture_begin(inputs[0].device());
   try {
-    step_(static_inputs_);
+    step_(joined(static_inputs_, fixed));
   } catch (const std::exception& e) {
     graph_.capture_abort();
     fall_back(e);
@@ -201,6 +222,7 @@ void StepGraph::capture(const std::vector<Tensor>& inputs) {
     fall_back(e);
     return;
   }
+  fixed_ = fixed;
   ++captures_;
   graph_.replay();  // capturing ran nothing: this replay is the batch's step
   ++replays_;

@@ -28,7 +28,16 @@
 // nn/optim/optimizer.h), no tensors created and kept (a capture that leaves memory allocated
 // during it in use is refused with an error), no host reads of device values (they
 // synchronize: capture fails, eager from then).
-// What it writes for the caller goes into tensors it owns, created before the capture.
+// What it writes for the caller goes into tensors it owns, created before the capture, or
+// into fixed tensors (below).
+//
+// Note [fixed tensors of a step]: the inputs of a step are copied into the graph's buffers
+// before each replay; tensors that the step reads or writes in place -- the dataset it
+// gathers its batch from, the sums it adds its loss to -- are passed as `fixed` instead:
+// never copied, handed to the step after the inputs, and kept alive by the graph (its
+// kernels hold their addresses). A graph replays only with the very tensors it was captured
+// with (the same memory, shape, strides and dtype): other fixed tensors capture it again, so
+// a new dataset or a new sum is never silently ignored.
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,7 +88,8 @@ bool is_current_stream_capturing(Device device);
 
 class StepGraph {
  public:
-  // step(inputs) runs one training step on `inputs` (Note [graph-safe steps]).
+  // step(args) runs one training step (Note [graph-safe steps]); args are the inputs, then the
+  // fixed tensors, of operator().
   using StepFn = std::function<void(const std::vector<Tensor>& inputs)>;
   struct Options {
     int warmup_steps = 2;  // eager steps before the capture
@@ -88,11 +98,12 @@ class StepGraph {
   explicit StepGraph(StepFn step) : StepGraph(std::move(step), Options{}) {}
   StepGraph(StepFn step, Options options);
 
-  // One step on `inputs`: eagerly on a CPU device, during warm-up, when disabled and when the
-  // inputs' shapes, dtypes or device differ from the captured ones; else by copying them into
-  // the graph's input buffers and replaying. Work is enqueued on the current stream only: no
-  // host synchronization.
-  void operator()(const std::vector<Tensor>& inputs);
+  // One step on `inputs` (and `fixed`: Note [fixed tensors of a step]): eagerly on a CPU
+  // device, during warm-up, when disabled and when the inputs' shapes, dtypes or device differ
+  // from the captured ones; else by copying them into the graph's input buffers and replaying
+  // (after capturing again when `fixed` are not the captured tensors). Work is enqueued on the
+  // current stream only: no host synchronization.
+  void operator()(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed = {});
 
   // The next step captures again (a value captured into a kernel argument has changed).
   void invalidate() noexcept;
@@ -109,7 +120,9 @@ class StepGraph {
 
  private:
   bool matches(const std::vector<Tensor>& inputs) const;
-  void capture(const std::vector<Tensor>& inputs);
+  bool same_fixed(const std::vector<Tensor>& fixed) const;
+  void capture(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed);
+  void run_eagerly(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed);
 
   StepFn step_;
   Options options_;
@@ -118,6 +131,7 @@ class StepGraph {
   std::string reason_;
   CUDAGraph graph_;
   std::vector<Tensor> static_inputs_;
+  std::vector<Tensor> fixed_;  // the fixed tensors of the capture
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;
 };
 

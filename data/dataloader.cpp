@@ -98,21 +98,15 @@ DataLoader::Iterator DataLoader::begin() {
   return Iterator(this, first);
 }
 
-Batch DataLoader::batch(int64_t b) const {
+Tensor DataLoader::batch_index(int64_t b) const {
   TANDEM_CHECK(order_.defined(), Value, "DataLoader::batch: no epoch started (call begin())");
   TANDEM_CHECK(b >= 0 && b < num_batches_, Value, "DataLoader::batch: batch ", b, " outside [0, ",
                num_batches_, ")");
   const auto [first, last] = batch_range(b);
-  if (first == last) {
-    // A rank's empty shard of a short last batch: 0 rows of the right shape and dtype, without
-    // launching a gather over nothing.
-    Shape xs = dataset_.images().shape(), ys = dataset_.labels().shape();
-    xs[0] = ys[0] = 0;
-    return {Tensor(xs, dataset_.images().dtype(), options_.device),
-            Tensor(ys, dataset_.labels().dtype(), options_.device)};
-  }
-  return dataset_.get(order_.slice(0, first, last));
+  return order_.slice(0, first, last);  // 0 rows: a rank's empty shard of a short last batch
 }
+
+Batch DataLoader::batch(int64_t b) const { return dataset_.get(batch_index(b)); }
 
 const Batch& DataLoader::Iterator::operator*() const {
   if (!loaded_) {

@@ -94,7 +94,11 @@ class DataLoader {
   Iterator end() const { return Iterator(this, num_batches_); }
 
   // Batch b of the current epoch (0 <= b < num_batches()); begin() must have been called.
+  // The same as dataset().get(batch_index(b)).
   Batch batch(int64_t b) const;
+  // The dataset rows of batch b, int64 [rows] on options().device (a slice of order(), no
+  // copy), for a caller that gathers the batch itself -- inside a CUDA graph, say.
+  Tensor batch_index(int64_t b) const;
 
   // Batches per epoch; with a sampler the same on every rank, unless the sampler was built
   // with pad = false (then some ranks may have one less).

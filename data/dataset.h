@@ -41,8 +41,14 @@ class TensorDataset {
   Device device() const { return images_.device(); }
 
   // The samples at `index` (int64 [B] on the dataset's device), gathered on that device
-  // without a host synchronization.
+  // without a host synchronization; B = 0 gives 0 rows of the right shape and dtype without
+  // launching a gather over nothing (a rank's empty shard of a short last batch).
   Batch get(const Tensor& index) const {
+    if (index.defined() && index.dim() == 1 && index.size(0) == 0) {
+      Shape xs = images_.shape(), ys = labels_.shape();
+      xs[0] = ys[0] = 0;
+      return {Tensor(xs, images_.dtype(), device()), Tensor(ys, labels_.dtype(), device())};
+    }
     return {kernels::index_select(images_, index), kernels::index_select(labels_, index)};
   }
 

@@ -9,6 +9,7 @@
 
 #include "common/train.h"
 #include "core/tensor.h"
+#include "data/dataset.h"
 #include "data/distributed_sampler.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
@@ -27,13 +28,16 @@ class Stepper {
     return nullptr;
   }
 
-  // One optimizer step on (x, y): the global batch on the first device, or this rank's shard of
-  // a global batch of global_rows rows (x may then have 0 rows, in the last batch). Adds the
-  // summed loss of x's rows into loss_sum ([] float32) and their number of right answers into
-  // correct ([1] int64), both on the first device, without synchronizing the host. A stepper
-  // may instead keep the counts on its own devices and add them in collect_metrics().
-  virtual void step(const Tensor& x, const Tensor& y, int64_t global_rows, const Tensor& loss_sum,
-                    const Tensor& correct) = 0;
+  // One optimizer step on the rows `index` (int64, on the first device) of `data` (there too):
+  // the global batch, or this rank's shard of a global batch of global_rows rows (index may
+  // then have 0 rows, in the last batch). The stepper gathers the batch itself (data.get(index),
+  // or inside its CUDA graph). Adds the summed loss of the batch's rows into loss_sum ([]
+  // float32) and their number of right answers into correct ([1] int64), both on the first
+  // device, without synchronizing the host; the driver keeps both tensors for the whole run
+  // (zeroed every epoch), so a graph may add to them in place. A stepper may instead keep the
+  // counts on its own devices and add them in collect_metrics().
+  virtual void step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
+                    const Tensor& loss_sum, const Tensor& correct) = 0;
   // Adds the right answers counted elsewhere since the last call into `correct`; the driver
   // calls it before it reads `correct` (at the end of an epoch, before a checkpoint).
   virtual void collect_metrics(const Tensor& correct) {}

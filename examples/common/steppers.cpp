@@ -58,17 +58,19 @@ constexpr int64_t kTracedSteps = 5;
 // gradients are views of another (parallel::FlatBuffer), so zeroing the gradients is one fill
 // and the optimizer updates the whole model with one kernel (Note [flat optimizer step]). On a
 // GPU the step is then captured into a CUDA graph after two eager steps and replayed
-// (core/cuda_graph.h): one launch for the ~60 kernels of a LeNet step instead of ~60. The step
-// is graph-safe (Note [graph-safe steps]): it writes its loss and its right answers into
-// buffers of its own, which step() adds to the epoch's counts, and the optimizer is then
-// capturable (Note [capturable optimizer steps] in nn/optim/optimizer.h): the learning rate
-// and Adam's step count live on the GPU, so a new learning rate is a fill between replays, not
-// a new capture, and Adam steps are graphed like SGD's.
+// (core/cuda_graph.h): one launch for the ~60 kernels of a LeNet step instead of ~60. The
+// graph's input is the batch's index; the gather of its rows from the dataset, the loss and
+// the right answers added to the epoch's sums are inside the graph, with the dataset and the
+// sums as its fixed tensors (Note [fixed tensors of a step]), so between two replays there is
+// only the copy of the index. The optimizer is capturable (Note [capturable optimizer steps]
+// in nn/optim/optimizer.h): the learning rate and Adam's step count live on the GPU, so a new
+// learning rate is a fill between replays, not a new capture, and Adam steps are graphed like
+// SGD's.
 class SingleDeviceStepper final : public Stepper {
  public:
   explicit SingleDeviceStepper(const TrainConfig& cfg)
       : model_(build_model(cfg)),
-        graph_([this](const std::vector<Tensor>& in) { train_step(in[0], in[1]); },
+        graph_([this](const std::vector<Tensor>& in) { train_step(in[0], {in[1], in[2]}, in[3], in[4]); },
                {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph}) {
     const Device d = cfg.devices.front();
     model_->to(d);
@@ -78,14 +80,11 @@ class SingleDeviceStepper final : public Stepper {
     grads_.attach();
     // Only a graph needs it: StepGraph runs CPU steps eagerly.
     opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
-    step_loss_ = zeros({}, kFloat32, d);
-    step_correct_ = zeros({1}, kInt64, d);
   }
 
-  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
-    graph_({x, y});
-    kernels::axpby_(1.0, step_loss_, 1.0, loss_sum);
-    kernels::axpby_(1.0, step_correct_, 1.0, correct);
+  void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
+            const Tensor& correct) override {
+    graph_({index}, {data.images(), data.labels(), loss_sum, correct});
   }
 
   // A capturable optimizer writes the new rate into its device tensor, which the replays read:
@@ -99,22 +98,22 @@ class SingleDeviceStepper final : public Stepper {
   void after_load() override { graph_.invalidate(); }
 
  private:
-  // One step on (x, y), graph-safe: see Note [the one-device step].
-  void train_step(const Tensor& x, const Tensor& y) {
+  // One step on the rows `index` of (images, labels), graph-safe: see Note [the one-device step].
+  void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum,
+                  const Tensor& correct) {
+    const data::Batch b = data.get(index);
     grads_.zero_();
-    Tensor logits = (*model_)(x);
-    Tensor loss = cross_entropy(logits, y);
+    Tensor logits = (*model_)(b.x);
+    Tensor loss = cross_entropy(logits, b.y);
     loss.backward();
     opt_->step();
-    kernels::axpby_(static_cast<double>(x.size(0)), loss.detach(), 0.0, step_loss_);
-    step_correct_.zero_();
-    kernels::count_correct(logits.detach(), y, step_correct_);
+    kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
+    kernels::count_correct(logits.detach(), b.y, correct);
   }
 
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  Tensor step_loss_, step_correct_;  // [] and [1]: the last step's summed loss and right answers
   StepGraph graph_;
 };
 
@@ -131,11 +130,13 @@ class ScratchStepper final : public Stepper {
     }
   }
 
-  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
+  void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
+            const Tensor& correct) override {
     if (trace_ && steps_ == kTracedSteps) trainer_.set_trace(nullptr);
     ++steps_;
-    Tensor loss = trainer_.train_batch(x, y);
-    kernels::axpby_(static_cast<double>(x.size(0)), loss, 1.0, loss_sum);
+    const data::Batch b = data.get(index);
+    Tensor loss = trainer_.train_batch(b.x, b.y);
+    kernels::axpby_(static_cast<double>(b.x.size(0)), loss, 1.0, loss_sum);
   }
 
   // Each replica counts its right answers on its own device during the epoch; they are
@@ -177,14 +178,16 @@ class DataParallelStepper final : public Stepper {
     opt_ = make_optimizer(cfg, dp_.parameters());
   }
 
-  void step(const Tensor& x, const Tensor& y, int64_t, const Tensor& loss_sum, const Tensor& correct) override {
+  void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
+            const Tensor& correct) override {
+    const data::Batch b = data.get(index);
     opt_->zero_grad();
-    Tensor logits = dp_(x);
-    Tensor loss = cross_entropy(logits, y);
+    Tensor logits = dp_(b.x);
+    Tensor loss = cross_entropy(logits, b.y);
     loss.backward();
     opt_->step();
-    kernels::axpby_(static_cast<double>(x.size(0)), loss.detach(), 1.0, loss_sum);
-    kernels::count_correct(logits.detach(), y, correct);
+    kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
+    kernels::count_correct(logits.detach(), b.y, correct);
   }
 
   void set_lr(double lr) override { opt_->set_lr(lr); }
@@ -231,10 +234,12 @@ class DdpStepper final : public Stepper {
                                                       /*pad=*/false);
   }
 
-  void step(const Tensor& x, const Tensor& y, int64_t global_rows, const Tensor& loss_sum,
-            const Tensor& correct) override {
-    const int64_t rows = x.size(0);
+  void step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
+            const Tensor& loss_sum, const Tensor& correct) override {
+    const int64_t rows = index.size(0);
     if (rows == 0) return empty_step();
+    const data::Batch b = data.get(index);
+    const Tensor &x = b.x, &y = b.y;
     last_x_ = x;
     last_y_ = y;
     if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);

@@ -184,13 +184,17 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   if (checkpointing) install_stop_handlers();
   const int64_t check_every = cfg.checkpoint_every > 0 ? cfg.checkpoint_every : kDefaultCheckEvery;
   LossWindow window(check_every, home);
+  // The epoch's sums, the same tensors all run long (a stepper's CUDA graph adds to them in
+  // place: Stepper::step), zeroed every epoch.
+  const Tensor loss_sum = zeros({}, kFloat32, home);
+  const Tensor correct = zeros({1}, kInt64, home);
 
   for (int64_t epoch = start_epoch + 1; epoch <= cfg.epochs; ++epoch) {
     const int64_t first = epoch == start_epoch + 1 ? first_batch : 0;
     if (train_sampler) train_sampler->set_epoch(epoch - 1);  // the same order as one process's epoch
     train_loader.set_epoch(epoch - 1, first);                // a resumed epoch continues at `first`
-    Tensor loss_sum = zeros({}, kFloat32, home);
-    Tensor correct = zeros({1}, kInt64, home);
+    loss_sum.zero_();
+    correct.zero_();
     int64_t seen = 0;
     if (first > 0 && resumed_counts.size() == 3 && reporting) {
       // The cut epoch's sums so far (over the job: rank 0 holds them, the others add 0).
@@ -222,13 +226,15 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     Progress progress(train_loader.num_batches(), "epoch " + std::to_string(epoch));
     synchronize_all();
     auto t0 = std::chrono::steady_clock::now();
+    train_loader.begin();  // the epoch's order, from batch `first`; the stepper gathers each batch
     int64_t batch = first;
-    for (const data::Batch& b : train_loader) {
+    while (batch < train_loader.num_batches()) {
+      const Tensor index = train_loader.batch_index(batch);
       {
         AutocastGuard autocast(kBFloat16, bf16);
-        stepper->step(b.x, b.y, train_loader.global_batch_rows(batch), loss_sum, correct);
+        stepper->step(train_loader.dataset(), index, train_loader.global_batch_rows(batch), loss_sum, correct);
       }
-      seen += b.x.size(0);
+      seen += index.size(0);
       ++batch;
       ++step;
       window.record(loss_sum);

@@ -281,6 +281,55 @@ TEST_CASE("a step that cannot be captured runs eagerly with a reason", "[core][c
   }
 }
 
+// A step that gathers rows of a fixed "dataset" by the index it is given and adds their sum
+// into a fixed accumulator, both read and written in place by the replays.
+TEST_CASE("StepGraph replays with the fixed tensors it was captured with and captures again for others",
+          "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const Tensor data_a = arange(0, 40, 1, kFloat32).reshape({10, 4}).to(gpu);
+  const Tensor data_b = (arange(0, 40, 1, kFloat32).reshape({10, 4}) * 100.0).to(gpu);
+  const Tensor sum = zeros({4}, kFloat32, gpu);
+  StepGraph graph([](const std::vector<Tensor>& in) {  // index; then data, sum (fixed)
+    REQUIRE(in.size() == 3);
+    kernels::axpby_(1.0, kernels::sum(kernels::index_select(in[1], in[0]), {0}), 1.0, in[2]);
+  }, {/*warmup_steps=*/1, /*enabled=*/true});
+  auto index = [&](std::vector<int64_t> rows) {
+    const auto n = static_cast<int64_t>(rows.size());
+    return from_vector<int64_t>(rows, {n}).to(gpu);
+  };
+  // What the steps below add up to, computed on the CPU: rows of data * scale.
+  std::vector<double> expected(4, 0.0);
+  auto add = [&](const std::vector<int64_t>& rows, double scale) {
+    for (int64_t r : rows)
+      for (int64_t c = 0; c < 4; ++c) expected[static_cast<size_t>(c)] += scale * static_cast<double>(r * 4 + c);
+  };
+  const std::vector<std::vector<int64_t>> steps = {{0, 1}, {2, 3}, {4, 5}, {9, 8}, {7}};
+  for (const auto& rows : steps) {  // warm-up, capture, replays, and a short batch run eagerly
+    graph({index(rows)}, {data_a, sum});
+    add(rows, 1.0);
+  }
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == 3);
+  CHECK(graph.eager_steps() == 2);
+  CHECK(values(sum) == expected);
+  // Another dataset: captured again (no new warm-up), its rows added, not data_a's.
+  graph({index({1, 2})}, {data_b, sum});
+  add({1, 2}, 100.0);
+  CHECK(graph.captures() == 2);
+  CHECK(values(sum) == expected);
+  graph({index({3, 3})}, {data_b, sum});  // the same tensors again: a replay
+  add({3, 3}, 100.0);
+  CHECK(graph.captures() == 2);
+  CHECK(graph.replays() == 5);
+  // A view of other memory with the same shape is another tensor too.
+  const Tensor sum2 = zeros({8}, kFloat32, gpu).slice(0, 4, 8);
+  graph({index({0, 9})}, {data_b, sum2});
+  CHECK(graph.captures() == 3);
+  CHECK(values(sum) == expected);  // untouched
+  CHECK(values(sum2) == std::vector<double>{3600, 3800, 4000, 4200});
+}
+
 TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", "[core]") {
   int calls = 0;
   StepGraph graph([&](const std::vector<Tensor>& in) {
@@ -289,6 +338,16 @@ TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", 
   });
   for (int i = 0; i < 5; ++i) graph({ones({2})});
   CHECK(calls == 5);
+  // Fixed tensors come after the inputs, as they are (not copied).
+  const Tensor fixed = zeros({3});
+  StepGraph with_fixed([&](const std::vector<Tensor>& in) {
+    REQUIRE(in.size() == 2);
+    CHECK(in[0].numel() == 2);
+    CHECK(in[1].raw_data() == fixed.raw_data());
+    kernels::axpby_(1.0, ones({3}), 1.0, in[1]);
+  });
+  for (int i = 0; i < 3; ++i) with_fixed({ones({2})}, {fixed});
+  CHECK(values(fixed) == std::vector<double>(3, 3.0));
   CHECK(graph.eager_steps() == 5);
   CHECK(graph.replays() == 0);
   CUDAGraph g;

@@ -59,6 +59,10 @@ TEST_CASE("dataset: get gathers matching rows", "[data]") {
   CHECK(b.x.shape() == Shape{3, 1, 2, 2});
   CHECK(b.y.to_vector<int64_t>() == std::vector<int64_t>{4, 0, 4});
   CHECK(b.x.to_vector<float>()[4] == 0.0f);
+  const Batch none = ds.get(from_vector<int64_t>({}, {0}));  // no rows: the shapes, no gather
+  CHECK(none.x.shape() == Shape{0, 1, 2, 2});
+  CHECK(none.y.shape() == Shape{0});
+  CHECK(none.y.dtype() == kInt64);
   check_throws_containing<ShapeError>(
       [] {
         TensorDataset(zeros({3, 2}), zeros({4}, kInt64));
@@ -201,4 +205,22 @@ TEST_CASE("dataloader: set_epoch(e, b) resumes mid-epoch with the uninterrupted 
   DataLoader loader(numbered(n), {.batch_size = 4});
   check_throws_containing<ValueError>([&] { loader.set_epoch(0, 7); }, {"first_batch 7", "[0, 6]"});
   check_throws_containing<ValueError>([&] { loader.set_epoch(0, -1); }, {"first_batch -1"});
+}
+
+TEST_CASE("dataloader: batch_index gives the rows batch() gathers", "[data]") {
+  DataLoader loader(numbered(10), {.batch_size = 4, .shuffle = true, .seed = 3});
+  std::vector<int64_t> via_iterator;
+  for (const Batch& b : loader)
+    for (int64_t v : b.y.to_vector<int64_t>()) via_iterator.push_back(v);
+  loader.set_epoch(0);
+  loader.begin();  // the same epoch again
+  std::vector<int64_t> via_index;
+  for (int64_t b = 0; b < loader.num_batches(); ++b) {
+    const Tensor index = loader.batch_index(b);
+    CHECK(index.size(0) == loader.batch_rows(b));
+    CHECK(index.to_vector<int64_t>() == loader.batch(b).y.to_vector<int64_t>());  // label i is sample i
+    for (int64_t v : index.to_vector<int64_t>()) via_index.push_back(v);
+  }
+  CHECK(via_index == via_iterator);
+  check_throws_containing<ValueError>([&] { loader.batch_index(3); }, {"batch 3 outside [0, 3)"});
 }

@@ -26,6 +26,7 @@
 #include "core/tensor.h"
 #include "data/data_test_util.h"
 #include "data/idx.h"
+#include "helpers.h"
 #include "nn/serialize_checkpoint.h"
 #include "examples/tiny_dataset.h"
 
@@ -165,6 +166,37 @@ TEST_CASE("a SIGKILLed run resumed with --resume ends bit for bit as the uninter
     require_same_tensors((whole / "ckpt-000000000024.safetensors").string(),
                          (cut / "ckpt-000000000024.safetensors").string());
   }
+}
+
+TEST_CASE("on a GPU, a run replayed from a CUDA graph ends with the very tensors of an eager run",
+          "[examples][checkpoint][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  TempDir dir;
+  write_tiny_dataset(dir.path());
+  // 64 images in batches of 12: five full batches (two warm-up steps, a capture, replays) and
+  // a short one run eagerly, every epoch; a learning rate that changes every epoch. The
+  // graphed run gathers its batches and adds its sums inside the graph.
+  const std::string common = "--data " + dir.path().string() +
+                             " --device cuda:0 --epochs 3 --batch-size 12 --test-limit 16 --no-progress "
+                             "--momentum 0.9 --activation relu --lr-schedule cosine --checkpoint ";
+  const fs::path eager = dir.path() / "eager", graphed = dir.path() / "graphed";
+  REQUIRE(run(TANDEM_LENET_PATH, common + eager.string() + " --no-cuda-graph", dir.file("eager.log")) == 0);
+  REQUIRE(run(TANDEM_LENET_PATH, common + graphed.string(), dir.file("graphed.log")) == 0);
+  const auto a = checkpoints(eager), b = checkpoints(graphed);
+  REQUIRE(!a.empty());
+  REQUIRE(!b.empty());
+  CHECK(a.back().first == 18);
+  require_same_tensors(a.back().second, b.back().second);
+  // The printed epochs agree too (the seconds and images/s aside).
+  auto losses = [&](const std::string& log) {
+    std::vector<std::string> out;
+    std::istringstream is(read_text(log));
+    for (std::string line; std::getline(is, line);)
+      if (line.rfind("epoch ", 0) == 0) out.push_back(line.substr(0, line.find("test acc ") + 15));
+    return out;
+  };
+  CHECK(losses(dir.file("eager.log")).size() == 3);
+  CHECK(losses(dir.file("eager.log")) == losses(dir.file("graphed.log")));
 }
 
 TEST_CASE("SIGTERM stops a run after its step with exit 143 and a checkpoint that resumes", "[examples][checkpoint]") {
