@@ -17,11 +17,26 @@
 //
 // Nothing in a step synchronizes the host: the loss comes back as a device tensor and the
 // accuracy counts accumulate on the device; read them when you need the numbers.
+//
+// Note [a CUDA graph per replica]: with set_cuda_graph(true) on GPUs, stages 3-5 of a step are
+// captured once per device -- each worker thread captures its replica's forward, backward
+// and optimizer step on its own stream, and NCCL's allreduce, called between the two halves,
+// is captured into every device's graph -- and later steps copy the shards into the graphs'
+// input buffers and launch one graph per device (NCCL's kernels in the graphs meet as they
+// would eagerly). As StepGraph (core/cuda_graph.h) does for one device: two eager warm-up
+// steps first; a batch of other shard sizes (the short last batch) runs eagerly and keeps the
+// graphs; a capture that fails turns the graphs off with a one-line reason and the step runs
+// eagerly. Graphs need the "nccl" communicator (the naive and ring ones order their copies
+// between devices with events across streams, which per-device captures cannot hold) and
+// capturable optimizers (a new learning rate must reach the replays: Note [capturable
+// optimizer steps]); otherwise, and while a trace records, steps run eagerly, and
+// graph_eager_reason() says why.
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/cuda_graph.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
 #include "parallel/comm.h"
@@ -65,6 +80,15 @@ class ScratchTrainer {
   // on; nullptr stops. The trace must cover devices() and outlive its use here.
   void set_trace(Trace* trace) { trace_ = trace; }
 
+  // Note [a CUDA graph per replica]. Off by default; CPU devices always run eagerly.
+  void set_cuda_graph(bool on);
+  // The next graphable step captures again (the optimizers' state tensors were replaced, say).
+  void invalidate_cuda_graph() noexcept;
+  // Why steps run eagerly although set_cuda_graph(true) was asked (empty otherwise).
+  const std::string& graph_eager_reason() const { return graph_reason_; }
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_replays() const { return graph_replays_; }
+
   nn::Module& module() { return *replicas_[0]; }
   const Replicas& replicas() const { return replicas_; }
   const std::vector<Device>& devices() const { return devices_; }
@@ -83,6 +107,27 @@ class ScratchTrainer {
   std::vector<Tensor> correct_;  // per device: int64 [1]
   int64_t examples_ = 0;
   Trace* trace_ = nullptr;
+
+  // Replica r's forward and backward on its shard (undefined: no rows, a zero gradient), the
+  // gradients into grads_[r]; returns the loss weighted by `weight`, detached.
+  Tensor forward_backward(size_t r, const Tensor& x, const Tensor& y, double weight);
+  void allreduce_gradients();  // stage 4
+  // Stages 3-5 eagerly, or from the graphs; the replicas' weighted losses.
+  std::vector<Tensor> eager_step(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
+                                 const std::vector<double>& weights);
+  std::vector<Tensor> graphed_step(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys,
+                                   const std::vector<double>& weights);
+  bool capture(const std::vector<double>& weights);  // false: the graphs are off now
+  bool graph_matches(const std::vector<Tensor>& xs, const std::vector<Tensor>& ys) const;
+  void graphs_off(std::string reason);
+
+  // Note [a CUDA graph per replica]
+  bool graph_on_ = false;
+  int graph_warmup_left_ = 2;
+  std::string graph_reason_;
+  std::vector<std::unique_ptr<CUDAGraph>> graphs_;  // per device
+  std::vector<Tensor> graph_x_, graph_y_, graph_loss_;  // per device: the graphs' buffers
+  int64_t graph_captures_ = 0, graph_replays_ = 0;
 };
 
 }  // namespace tandem::parallel

@@ -101,8 +101,8 @@ void add_common_flags(Args& args) {
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
   args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
-  args.flag("no-cuda-graph", "one GPU: launch every kernel of a step from the host instead of replaying a "
-            "captured CUDA graph");
+  args.flag("no-cuda-graph", "GPUs of one process: launch every kernel of a step from the host instead of "
+            "replaying captured CUDA graphs (one per GPU)");
   args.option("precision", "fp32", "fp32 | bf16: bf16 runs convolutions and matrix products in bfloat16 under "
                                    "autocast, with float32 weights, optimizer state and loss");
   args.flag("channels-last", "lay out 4-D weights and activations channels-last (NHWC), the layout of cuDNN's "

@@ -118,12 +118,20 @@ class SingleDeviceStepper final : public Stepper {
 };
 
 // ---- several devices of this process ---------------------------------------------------------
+// The from-scratch path, with a CUDA graph per replica on GPUs (Note [a CUDA graph per
+// replica] in parallel/trainer.h), its optimizers capturable for that.
+bool all_cuda(const std::vector<Device>& devices) {
+  return std::all_of(devices.begin(), devices.end(), [](Device d) { return d.is_cuda(); });
+}
+
 class ScratchStepper final : public Stepper {
  public:
   explicit ScratchStepper(const TrainConfig& cfg)
-      : trainer_(build_model(cfg), cfg.devices, cfg.comm,
-                 [cfg](std::vector<Tensor> ps) { return make_optimizer(cfg, std::move(ps)); }) {
+      : trainer_(build_model(cfg), cfg.devices, cfg.comm, [cfg](std::vector<Tensor> ps) {
+          return make_optimizer(cfg, std::move(ps), /*capturable=*/cfg.cuda_graph && all_cuda(cfg.devices));
+        }) {
     trainer_.module().train();
+    trainer_.set_cuda_graph(cfg.cuda_graph && all_cuda(cfg.devices));
     if (!cfg.trace.empty()) {
       trace_ = std::make_unique<parallel::Trace>(cfg.devices);
       trainer_.set_trace(trace_.get());
@@ -155,10 +163,12 @@ class ScratchStepper final : public Stepper {
   // Replica 0 holds what was loaded: its parameters and buffers go to the other replicas, its
   // optimizer state (copied onto each replica's device) to their optimizers. BatchNorm's
   // running statistics are then replica 0's on every replica (a checkpoint keeps only them).
+  // The graphs captured the old state tensors: the next step captures again.
   void after_load() override {
     parallel::broadcast_parameters(trainer_.replicas());
     const nn::StateDict state = trainer_.optimizer(0).state_dict();
     for (size_t r = 1; r < trainer_.devices().size(); ++r) trainer_.optimizer(r).load_state_dict(state);
+    trainer_.invalidate_cuda_graph();
   }
 
   void write_trace(const std::string& path) override {

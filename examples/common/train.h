@@ -59,7 +59,7 @@ struct TrainConfig {
   std::shared_ptr<parallel::dist::ProcessGroup> group;
   double bucket_cap_mb = 25.0;          // DDP's bucket size
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
-  bool cuda_graph = true;               // one device: capture the step in a CUDA graph (core/cuda_graph.h)
+  bool cuda_graph = true;               // GPUs of this process: the step in a CUDA graph per GPU (core/cuda_graph.h)
   bool channels_last = false;           // 4-D weights, and so activations, channels-last (Note [memory formats])
   std::string precision = "fp32";       // bf16: training and evaluation under autocast (autograd/autocast.h)
 };

@@ -163,3 +163,81 @@ TEST_CASE("ScratchTrainer on two GPUs matches the CPU", "[parallel][cuda]") {
     }
   }
 }
+
+namespace {
+
+parallel::OptimizerFactory capturable_sgd(double lr, double momentum) {
+  return [=](std::vector<Tensor> ps) {
+    return std::make_unique<nn::optim::SGD>(std::move(ps), nn::optim::SGDOptions(lr).momentum(momentum).capturable(true));
+  };
+}
+
+// Two trainers from the same LeNet, one with a CUDA graph per replica: 6 batches of 16, a
+// short one of 10, a learning-rate change, 3 more of 16. Returns the graphed trainer's losses
+// and checks it against the eager one bit for bit on the way.
+void check_graphed_equals_eager(const std::vector<Device>& devices, const std::string& comm,
+                                const parallel::OptimizerFactory& make_opt, int64_t want_replays) {
+  Generator gen(11);
+  std::shared_ptr<nn::Module> init = nn::models::lenet({}, gen);
+  ScratchTrainer eager(init->clone(), devices, comm, make_opt), graphed(init->clone(), devices, comm, make_opt);
+  graphed.set_cuda_graph(true);
+  auto batches = random_batches(6, 16, {1, 28, 28}, gen);
+  batches.push_back(random_batch(10, {1, 28, 28}, 4, gen));
+  for (const auto& b : random_batches(3, 16, {1, 28, 28}, gen)) batches.push_back(b);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (i == 7) {
+      for (size_t r = 0; r < devices.size(); ++r) {
+        eager.optimizer(r).set_lr(0.05);
+        graphed.optimizer(r).set_lr(0.05);
+      }
+    }
+    const Tensor x = batches[i].first.to(devices[0]), y = batches[i].second.to(devices[0]);
+    const double le = eager.train_batch(x, y).item(), lg = graphed.train_batch(x, y).item();
+    INFO("step " << i);
+    CHECK(lg == le);
+  }
+  CHECK(graphed.graph_replays() == want_replays);
+  CHECK(graphed.graph_captures() == (want_replays > 0 ? 1 : 0));
+  CHECK(values(graphed.correct()) == values(eager.correct()));
+  for (size_t r = 0; r < devices.size(); ++r) {
+    const auto pe = eager.replicas()[r]->state_dict(), pg = graphed.replicas()[r]->state_dict();
+    for (const auto& [name, t] : pe) {
+      INFO("replica " << r << " " << name);
+      CHECK(values(pg.at(name)) == values(t));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ScratchTrainer with a CUDA graph per replica equals eager steps bit for bit", "[parallel][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  // Steps 1-2 warm up, 3 captures and replays, 4-6 replay, the short 7th runs eagerly, 8-10
+  // replay after the learning-rate change (a capturable optimizer: no new capture).
+  SECTION("one GPU") { check_graphed_equals_eager(cuda_devices(1), "naive", capturable_sgd(0.1, 0.9), 7); }
+  SECTION("two GPUs, NCCL's allreduce captured in each graph") {
+    if (!have_two_gpus()) return;
+    check_graphed_equals_eager(cuda_devices(2), "nccl", capturable_sgd(0.1, 0.9), 7);
+  }
+  SECTION("optimizers that are not capturable: eager, with the reason") {
+    check_graphed_equals_eager(cuda_devices(1), "naive", sgd_factory(0.1, 0.9), 0);
+    Generator gen(3);
+    ScratchTrainer t(nn::models::lenet({}, gen), cuda_devices(1), "naive", sgd_factory(0.1, 0.9));
+    t.set_cuda_graph(true);
+    CHECK(contains(t.graph_eager_reason(), "not capturable"));
+  }
+}
+
+TEST_CASE("ScratchTrainer runs CPU devices eagerly when asked for CUDA graphs", "[parallel]") {
+  Generator gen(5);
+  ScratchTrainer t(small_mlp(gen), cpu_devices(2), "ring", capturable_sgd(0.1, 0.9));
+  t.set_cuda_graph(true);
+  CHECK(contains(t.graph_eager_reason(), "need GPUs"));
+  const auto [x, y] = random_batch(8, {8}, 4, gen);
+  for (int i = 0; i < 4; ++i) t.train_batch(x, y);
+  CHECK(t.graph_captures() == 0);
+  CHECK(t.graph_replays() == 0);
+  CHECK(replicas_in_sync(t.replicas()));
+  t.set_cuda_graph(false);
+  CHECK(t.graph_eager_reason().empty());
+}
