@@ -123,55 +123,60 @@ Shape channel_shape(const Tensor& x) {
   return s;
 }
 
-// Eval mode is the affine map y = (x - mean) * invstd * gamma + beta with fixed statistics.
-// invstd and mean are snapshotted at forward time because the running stats are updated in
-// place by later training steps.
-Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                       const Tensor& running_mean, const Tensor& running_var, double eps) {
-  Tensor y = kernels::batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
-  if (autograd::any_requires_grad({&x, &gamma, &beta})) {
-    const bool nx = needs_grad(x), ng = needs_grad(gamma), nb = needs_grad(beta);
+// Eval mode is the affine map y = (x - mean) * invstd * gamma + beta with fixed statistics,
+// x = z + bias for the output z of a conv run without its bias (bias defined; Note [conv bias
+// in batch norm] in kernels/cuda/batchnorm.cu). invstd and mean are snapshotted at forward
+// time because the running stats are updated in place by later training steps. The bias
+// gradient is the conv's own reduction of the gradient of z, so it is the bits the conv would
+// compute.
+Tensor batch_norm_eval(const char* name, const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                       const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                       double eps) {
+  Tensor y = kernels::batch_norm_eval(x, gamma, beta, running_mean, running_var, eps, false, bias);
+  if (autograd::any_requires_grad({&x, &bias, &gamma, &beta})) {
+    const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta);
     const Shape cs = channel_shape(x);
     Tensor invstd = kernels::unary(
         UnaryOp::Reciprocal,
         kernels::unary(UnaryOp::Sqrt, kernels::scalar(ScalarOp::Add, running_var, eps)));
     Tensor scale = gamma.defined() ? kernels::binary(BinaryOp::Mul, gamma, invstd) : invstd;
-    record("BatchNormEval", {x, gamma, beta}, {y},
-           [nx, ng, nb, cs, scale = scale.reshape(cs), invstd = invstd.reshape(cs),
-            mean = ng ? running_mean.clone().reshape(cs) : Tensor(),
-            x = ng ? saved(x) : Tensor()](TensorList&& g) -> TensorList {
+    record(name, {x, bias, gamma, beta}, {y},
+           [nx, nbias, ng, nb, cs, scale = scale.reshape(cs), invstd = invstd.reshape(cs),
+            mean = ng ? running_mean.clone().reshape(cs) : Tensor(), x = ng ? saved(x) : Tensor(),
+            bias = ng ? saved(bias) : Tensor()](TensorList&& g) -> TensorList {
              const int64_t c = cs[1];
-             Tensor gx = nx ? kernels::binary(BinaryOp::Mul, g[0], scale) : Tensor();
+             Tensor gx = nx || nbias ? kernels::binary(BinaryOp::Mul, g[0], scale) : Tensor();
+             Tensor gbias = nbias ? kernels::conv2d_backward_bias(gx) : Tensor();
              Tensor gg, gb;
              if (ng) {
+               // x + bias as the forward formed it: the conv's bias add, elementwise in x's dtype.
+               const Tensor xb = bias.defined() ? kernels::binary(BinaryOp::Add, x, bias.reshape(cs)) : x;
                Tensor xhat =
-                   kernels::binary(BinaryOp::Mul, kernels::binary(BinaryOp::Sub, x, mean), invstd);
+                   kernels::binary(BinaryOp::Mul, kernels::binary(BinaryOp::Sub, xb, mean), invstd);
                gg = kernels::sum_to(kernels::binary(BinaryOp::Mul, g[0], xhat), cs).reshape({c});
              }
              if (nb) gb = kernels::sum_to(g[0], cs).reshape({c});
-             return {gx, gg, gb};
+             return {nx ? gx : Tensor(), gbias, gg, gb};
            });
   }
   return y;
 }
 
-}  // namespace
-
-namespace {
-
-Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                        const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
-                        bool relu) {
-  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu);
-  if (autograd::any_requires_grad({&x, &gamma, &beta})) {
-    const bool nx = needs_grad(x), ng = needs_grad(gamma), nb = needs_grad(beta);
+// Training mode (x = z + bias with a bias, as in eval mode); relu: relu(batch_norm) in the same
+// passes (Note [batch norm + ReLU]).
+Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                        const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                        double momentum, double eps, bool relu) {
+  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu, bias);
+  if (autograd::any_requires_grad({&x, &bias, &gamma, &beta})) {
+    const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta);
     // With the ReLU the node keeps its output, whose zeros mask the incoming gradient (as the
-    // ReLU node keeps its own).
-    record(name, {x, gamma, beta}, {r.y},
-           [nx, ng, nb, x = saved(x), gamma = saved(gamma), mean = r.save_mean, invstd = r.save_invstd,
-            y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
-             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y);
-             return {nx ? d.dx : Tensor(), ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
+    // ReLU node keeps its own). With a bias it keeps z and the bias, never z + bias.
+    record(name, {x, bias, gamma, beta}, {r.y},
+           [nx, nbias, ng, nb, x = saved(x), bias = saved(bias), gamma = saved(gamma), mean = r.save_mean,
+            invstd = r.save_invstd, y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias);
+             return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
            });
   }
   return r.y;
@@ -189,16 +194,37 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps) {
   check_bn_input("batch_norm", x);
-  if (!training) return batch_norm_eval(x, gamma, beta, running_mean, running_var, eps);
-  return batch_norm_train("BatchNorm", x, gamma, beta, running_mean, running_var, momentum, eps, false);
+  if (!training) {
+    return batch_norm_eval("BatchNormEval", x, Tensor(), gamma, beta, running_mean, running_var, eps);
+  }
+  return batch_norm_train("BatchNorm", x, Tensor(), gamma, beta, running_mean, running_var, momentum, eps,
+                          false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
                        double momentum, double eps) {
   check_bn_input("batch_norm_relu", x);
-  if (!training) return relu(batch_norm_eval(x, gamma, beta, running_mean, running_var, eps));
-  return batch_norm_train("BatchNormRelu", x, gamma, beta, running_mean, running_var, momentum, eps, true);
+  if (!training) {
+    return relu(batch_norm_eval("BatchNormEval", x, Tensor(), gamma, beta, running_mean, running_var, eps));
+  }
+  return batch_norm_train("BatchNormRelu", x, Tensor(), gamma, beta, running_mean, running_var, momentum, eps,
+                          true);
+}
+
+Tensor batch_norm_bias(const Tensor& x, const Tensor& bias_in, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                       double eps, bool relu) {
+  TANDEM_CHECK(x.defined() && x.dim() == 4, Shape, "batch_norm_bias: expected the [N, C, H, W] output of a ",
+               "convolution, got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  TANDEM_CHECK(bias_in.defined(), Value, "batch_norm_bias: the bias is undefined (use batch_norm)");
+  const Tensor bias = autocast_input(bias_in);  // cast as conv2d casts it (Note [autocast])
+  if (!training) {
+    Tensor y = batch_norm_eval("BatchNormBiasEval", x, bias, gamma, beta, running_mean, running_var, eps);
+    return relu ? tandem::relu(y) : y;
+  }
+  return batch_norm_train(relu ? "BatchNormBiasRelu" : "BatchNormBias", x, bias, gamma, beta, running_mean,
+                          running_var, momentum, eps, relu);
 }
 
 }  // namespace tandem

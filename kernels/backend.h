@@ -118,6 +118,11 @@ class Backend {
   // dw [K, C, R, S] = correlation of x with dy (overwrites dw); db [K] (if defined) = sum of dy.
   virtual void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
                                       const Tensor& dw, const Tensor& db) = 0;
+  // db [K] = sum of dy [N, K, P, Q] over every dim but 1 (overwrites db): the bias gradient that
+  // conv2d_backward_weight computes, the same bits (CUDA: but for the layers of Note [direct
+  // convolution], whose kernel sums it with the weight gradient). dy contiguous, or
+  // channels-last where supports_channels_last().
+  virtual void conv2d_backward_bias(const Tensor& dy, const Tensor& db) = 0;
 
   // x [N, C, H, W] -> y [N, C, P, Q]; contiguous.
   virtual void pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,
@@ -155,6 +160,12 @@ class Backend {
   // relu: y = relu(batch_norm(x)) in the same pass; the backward then takes that y as
   // relu_out and computes the batch-norm gradient of dy masked by relu_out > 0 (undefined
   // relu_out: no mask).
+  // bias [C] (x's dtype; undefined: none): x is then the output z of a convolution run without
+  // its bias, and the op is batch norm of z + bias (added as conv2d_forward adds it) without
+  // storing z + bias (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu); the backward
+  // takes the same z and bias, and dx is the gradient with respect to z. dbias [C] (x's dtype;
+  // undefined: not wanted) = the per-channel sum of dx, bit for bit what conv2d_backward_bias
+  // computes from that dx.
   //
   // Note [batch norm + ReLU]: in a ResNet block, batch norm's output goes only to a ReLU. As
   // two ops that is, per activation, a batch-norm apply pass (read x, write y), a ReLU pass
@@ -166,18 +177,21 @@ class Backend {
   // batch-norm value, the mask ReluBackward applies -- so the results are the same bits
   // (tests/nn/test_batchnorm_relu.cpp, every device, format and dtype). The CPU, the
   // reference, fuses the forward and masks dy in a pass of its own.
-  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                        const Tensor& running_mean, const Tensor& running_var,
-                                        double momentum, double eps, const Tensor& y,
-                                        const Tensor& save_mean, const Tensor& save_invstd, bool relu) = 0;
-  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                       const Tensor& running_mean, const Tensor& running_var,
-                                       double eps, const Tensor& y, bool relu) = 0;
-  // dx, dgamma, dbeta are overwritten.
-  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                   const Tensor& save_mean, const Tensor& save_invstd,
-                                   const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
-                                   const Tensor& dbeta) = 0;
+  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                        const Tensor& beta, const Tensor& running_mean,
+                                        const Tensor& running_var, double momentum, double eps,
+                                        const Tensor& y, const Tensor& save_mean,
+                                        const Tensor& save_invstd, bool relu) = 0;
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                       const Tensor& beta, const Tensor& running_mean,
+                                       const Tensor& running_var, double eps, const Tensor& y,
+                                       bool relu) = 0;
+  // dx, dgamma, dbeta (and dbias) are overwritten.
+  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias,
+                                   const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, const Tensor& relu_out,
+                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                   const Tensor& dbias) = 0;
 
   // In-place optimizer updates on contiguous tensors of one dtype.
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
@@ -229,6 +243,14 @@ bool direct_conv();
 //   TANDEM_FUSE_BN_RELU=0 turns it off.
 void set_fuse_bn_relu(bool on);
 bool fuse_bn_relu();
+// fuse_conv_bias (default false, until measured): Residual blocks, and a Sequential's Conv2d
+//   followed by a BatchNorm2d, run the convolution without its bias and add the bias inside
+//   the batch norm's passes (batch_norm_bias; Note [conv bias in batch norm] in
+//   kernels/cuda/batchnorm.cu): the same values and gradients without the bias-add pass
+//   forward and the bias-gradient pass backward. Only for a convolution with a bias whose
+//   output goes to nothing but the batch norm. Environment: TANDEM_FUSE_CONV_BIAS=1 turns it on.
+void set_fuse_conv_bias(bool on);
+bool fuse_conv_bias();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

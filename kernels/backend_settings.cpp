@@ -37,10 +37,16 @@ std::atomic<bool>& fuse_bn_relu_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", true)};
   return flag;
 }
+std::atomic<bool>& fuse_conv_bias_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_CONV_BIAS", false)};
+  return flag;
+}
 }  // namespace
 
 void set_fuse_bn_relu(bool on) { fuse_bn_relu_flag() = on; }
 bool fuse_bn_relu() { return fuse_bn_relu_flag(); }
+void set_fuse_conv_bias(bool on) { fuse_conv_bias_flag() = on; }
+bool fuse_conv_bias() { return fuse_conv_bias_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }
 bool direct_conv() { return direct_conv_flag(); }
 void set_cudnn_deterministic(bool on) { deterministic_flag() = on; }

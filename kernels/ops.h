@@ -50,6 +50,8 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dPara
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
                                                  const Conv2dParams& p, const Shape& w_shape,
                                                  bool with_bias);
+// db [K] of dy [N, K, P, Q] alone: the bias gradient conv2d_backward_weight returns.
+Tensor conv2d_backward_bias(const Tensor& dy);
 
 Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p);
 Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
@@ -71,18 +73,27 @@ struct BatchNormResult {
   Tensor y, save_mean, save_invstd;
 };
 // relu: y = relu(batch_norm(x)) in one pass (Note [batch norm + ReLU] in kernels/backend.h).
+// bias [C] (x's dtype and device; undefined: none): x is a convolution's output without its
+// bias, normalized as x + bias without storing that (Note [conv bias in batch norm] in
+// kernels/cuda/batchnorm.cu).
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps, bool relu = false);
+                                 double momentum, double eps, bool relu = false,
+                                 const Tensor& bias = Tensor());
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu = false);
+                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu = false,
+                       const Tensor& bias = Tensor());
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
+  Tensor dbias;  // [C] in x's dtype when asked for (with_dbias), else undefined
 };
-// relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU).
+// relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU). bias: the
+// forward's; with_dbias: also dbias = the per-channel sum of dx, bit for bit
+// conv2d_backward_bias(dx).
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                   const Tensor& relu_out = Tensor());
+                                   const Tensor& relu_out = Tensor(), const Tensor& bias = Tensor(),
+                                   bool with_dbias = false);
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

@@ -205,9 +205,31 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
   return {in_format(dw, fmt, want), db};
 }
 
+Tensor conv2d_backward_bias(const Tensor& dy) {
+  const char* op = "conv2d_backward_bias";
+  check_floating(op, dy);
+  check_dims(op, dy, 4, "dy [N, K, P, Q]");
+  Backend& be = backend_for(dy.device());
+  Tensor db({dy.size(1)}, dy.dtype(), dy.device());
+  be.conv2d_backward_bias(dy.contiguous(kernel_format(be, suggest_memory_format(dy))), db);
+  return db;
+}
+
 // Batch norm keeps the format of its input: a 4-D channels-last x gives channels-last y and dx.
 namespace {
 MemoryFormat bn_format(const Tensor& x) { return suggest_memory_format(x); }
+
+// A conv's bias fused into the batch norm (Note [conv bias in batch norm]): [C], on x's device,
+// of x's own dtype (the conv's output's, not the per-channel tensors').
+void check_bn_bias(const char* op, const Tensor& x, const Tensor& bias) {
+  if (!bias.defined()) return;
+  check_same_device(op, {&x, &bias});
+  TANDEM_CHECK(bias.dtype() == x.dtype(), DType, op, ": bias ", dtype_name(bias.dtype()), " ",
+               shape_str(bias.shape()), " must have the dtype of the input ", dtype_name(x.dtype()), " ",
+               shape_str(x.shape()));
+  TANDEM_CHECK(bias.shape() == Shape{x.size(1)}, Shape, op, ": bias is ", shape_str(bias.shape()),
+               ", expected [", x.size(1), "] for input ", shape_str(x.shape()));
+}
 }  // namespace
 
 // ---- pooling ----------------------------------------------------------------------------
@@ -342,10 +364,11 @@ Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape) {
 
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps, bool relu) {
+                                 double momentum, double eps, bool relu, const Tensor& bias) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
+  check_bn_bias(op, x, bias);
   check_in_place(op, running_mean, "running_mean");
   check_in_place(op, running_var, "running_var");
   const int64_t c = x.size(1);
@@ -356,34 +379,38 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
   BatchNormResult r{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
                     Tensor({c}, bn_param_dtype(x), x.device())};
-  be.batch_norm_forward_train(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
-                              running_mean, running_var, momentum, eps, r.y, r.save_mean,
-                              r.save_invstd, relu);
+  be.batch_norm_forward_train(x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
+                              or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean, running_var,
+                              momentum, eps, r.y, r.save_mean, r.save_invstd, relu);
   r.y = in_format(r.y, fmt, want);
   return r;
 }
 
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu) {
+                       const Tensor& running_mean, const Tensor& running_var, double eps, bool relu,
+                       const Tensor& bias) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
+  check_bn_bias(op, x, bias);
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
   Tensor y(x.shape(), x.dtype(), x.device(), fmt);
-  be.batch_norm_forward_eval(x.contiguous(fmt), or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x),
-                             running_mean.contiguous(), running_var.contiguous(), eps, y, relu);
+  be.batch_norm_forward_eval(x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
+                             or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean.contiguous(),
+                             running_var.contiguous(), eps, y, relu);
   return in_format(y, fmt, want);
 }
 
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                   const Tensor& relu_out) {
+                                   const Tensor& relu_out, const Tensor& bias, bool with_dbias) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
   check_bn_args(op, x, {&gamma, &save_mean, &save_invstd});
+  check_bn_bias(op, x, bias);
   check_shape(op, dy, x.shape(), "dy");
   if (relu_out.defined()) {
     check_same_device(op, {&dy, &relu_out});
@@ -394,10 +421,12 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
   BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
-                   Tensor({c}, bn_param_dtype(x), x.device())};
-  be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), or_full(gamma, c, 1.0, x),
-                         save_mean.contiguous(), save_invstd.contiguous(),
-                         relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta);
+                   Tensor({c}, bn_param_dtype(x), x.device()),
+                   with_dbias ? Tensor({c}, x.dtype(), x.device()) : Tensor()};
+  be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
+                         or_full(gamma, c, 1.0, x), save_mean.contiguous(), save_invstd.contiguous(),
+                         relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta,
+                         g.dbias);
   g.dx = in_format(g.dx, fmt, want);
   return g;
 }

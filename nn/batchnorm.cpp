@@ -2,7 +2,9 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "nn/conv.h"
 
 namespace tandem::nn {
 
@@ -29,14 +31,20 @@ std::string BatchNorm2d::extra_repr() const {
   return detail::str(c_, ", eps=", eps_, ", momentum=", momentum_);
 }
 
-Tensor BatchNorm2d::forward_impl(const Tensor& x) { return run(x, false); }
+Tensor BatchNorm2d::forward_impl(const Tensor& x) { return run(x, false, Tensor()); }
 
 Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   check_forward_input(x);  // as forward()
-  return run(x, true);
+  return run(x, true, Tensor());
 }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::forward_biased(const Tensor& z, const Tensor& conv_bias, bool relu) {
+  check_forward_input(z);  // as forward()
+  TANDEM_CHECK(conv_bias.defined(), Value, "BatchNorm2d(", c_, "): forward_biased without a bias");
+  return run(z, relu, conv_bias);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias) {
   TANDEM_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_, Shape, "BatchNorm2d(", c_,
                "): input ", shape_str(x.shape()), " is not [N, ", c_, ", H, W] or [N, ", c_, "]");
   if (is_training()) {
@@ -49,8 +57,20 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
     if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
     kernels::axpby_(1.0, one_, 1.0, count);
   }
+  if (conv_bias.defined()) {
+    return batch_norm_bias(x, conv_bias, weight(), bias(), running_mean(), running_var(), is_training(),
+                           momentum_, eps_, relu);
+  }
   return relu ? batch_norm_relu(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_)
               : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_);
+}
+
+Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu) {
+  if (fuse_conv_bias() && conv.bias().defined()) {
+    return bn.forward_biased(conv.forward_no_bias(x), conv.bias(), relu);
+  }
+  const Tensor y = conv(x);
+  return relu ? bn.forward_relu(y) : bn(y);
 }
 
 }  // namespace tandem::nn

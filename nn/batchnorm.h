@@ -4,6 +4,8 @@
 
 namespace tandem::nn {
 
+class Conv2d;
+
 // Per-channel normalization over every dim but 1. Parameters weight [C] (ones) and bias [C]
 // (zeros); buffers running_mean [C] (zeros), running_var [C] (ones) and num_batches_tracked
 // (int64 [], 0), in PyTorch's state_dict order and names.
@@ -29,6 +31,11 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   // batch_norm_relu): the same values, gradients and statistics. What Residual calls for its
   // first batch norm when fuse_bn_relu() is on (kernels/backend.h).
   Tensor forward_relu(const Tensor& x);
+  // forward(z + conv_bias), or forward_relu of it, for z the output of a Conv2d run without its
+  // bias (Conv2d::forward_no_bias) and conv_bias [C] that bias, without storing z + conv_bias
+  // (autograd's batch_norm_bias): the same values, gradients (conv_bias's too) and statistics.
+  // What conv_batch_norm calls when fuse_conv_bias() is on (kernels/backend.h).
+  Tensor forward_biased(const Tensor& z, const Tensor& conv_bias, bool relu = false);
 
   std::string name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;
@@ -37,11 +44,17 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   Tensor forward_impl(const Tensor& x) override;
 
  private:
-  Tensor run(const Tensor& x, bool relu);
+  Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias);
 
   int64_t c_;
   double eps_, momentum_;
   Tensor one_;  // int64 [] 1 on the buffers' device: what each training forward adds
 };
+
+// bn(conv(x)), or with relu bn.forward_relu(conv(x)); when fuse_conv_bias() is on and conv has
+// a bias, conv runs without it and bn adds it in its passes (forward_biased): the same values
+// and gradients (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu). For a conv whose
+// output goes to nothing but bn, as in Residual and a Sequential's Conv2d -> BatchNorm2d.
+Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu);
 
 }  // namespace tandem::nn

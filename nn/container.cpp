@@ -5,6 +5,7 @@
 #include "kernels/backend.h"
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
+#include "nn/conv.h"
 
 namespace tandem::nn {
 
@@ -24,12 +25,24 @@ Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
 Tensor Sequential::forward_impl(const Tensor& x) {
   Tensor y = x;
   const auto& children = named_children();
+  const auto child = [&](size_t i) { return i < children.size() ? children.item(i).second.get() : nullptr; };
   for (size_t i = 0; i < children.size(); ++i) {
     Module& m = *children.item(i).second;
+    // A Conv2d followed by a BatchNorm2d, its output's only reader, runs as conv_batch_norm:
+    // the conv's bias inside the batch norm's passes when fuse_conv_bias() is on, and a ReLU
+    // after them fused as below.
+    auto* conv = dynamic_cast<Conv2d*>(&m);
+    auto* conv_bn = conv != nullptr ? dynamic_cast<BatchNorm2d*>(child(i + 1)) : nullptr;
+    if (conv_bn != nullptr) {
+      const bool relu = fuse_bn_relu() && dynamic_cast<ReLU*>(child(i + 2)) != nullptr;
+      y = conv_batch_norm(*conv, *conv_bn, y, relu);
+      i += relu ? 2 : 1;
+      continue;
+    }
     // A BatchNorm2d followed by a ReLU runs as one op when fuse_bn_relu() is on (Note [batch
     // norm + ReLU] in kernels/backend.h): the same values, the ReLU module skipped.
-    auto* bn = fuse_bn_relu() && i + 1 < children.size() ? dynamic_cast<BatchNorm2d*>(&m) : nullptr;
-    if (bn != nullptr && dynamic_cast<ReLU*>(children.item(i + 1).second.get()) != nullptr) {
+    auto* bn = fuse_bn_relu() ? dynamic_cast<BatchNorm2d*>(&m) : nullptr;
+    if (bn != nullptr && dynamic_cast<ReLU*>(child(i + 1)) != nullptr) {
       y = bn->forward_relu(y);
       ++i;
       continue;

@@ -1,6 +1,8 @@
 #pragma once
 // Sequential: children applied in order, named "0", "1", ... (a BatchNorm2d and the ReLU after
-// it as one op when fuse_bn_relu() is on: Note [batch norm + ReLU] in kernels/backend.h).
+// it as one op when fuse_bn_relu() is on: Note [batch norm + ReLU] in kernels/backend.h; a
+// Conv2d's bias added inside the BatchNorm2d after it when fuse_conv_bias() is on:
+// nn::conv_batch_norm).
 #include <initializer_list>
 #include <memory>
 #include <vector>

@@ -30,14 +30,24 @@ std::string Conv2d::extra_repr() const {
                      ", padding=", padding_, bias().defined() ? "" : ", bias=false");
 }
 
-Tensor Conv2d::forward_impl(const Tensor& x) {
+void Conv2d::check_input_shape(const Tensor& x) const {
   TANDEM_CHECK(x.dim() == 4 && x.size(1) == in_, Shape, "Conv2d(", in_, ", ", out_,
                ", kernel_size=", kernel_, "): input ", shape_str(x.shape()), " is not [N, ", in_,
                ", H, W]");
   TANDEM_CHECK(x.size(2) + 2 * padding_ >= kernel_ && x.size(3) + 2 * padding_ >= kernel_, Shape,
                "Conv2d: input ", shape_str(x.shape()), " with padding ", padding_,
                " is smaller than the kernel ", kernel_, "x", kernel_);
+}
+
+Tensor Conv2d::forward_impl(const Tensor& x) {
+  check_input_shape(x);
   return conv2d(x, weight(), bias(), params());
+}
+
+Tensor Conv2d::forward_no_bias(const Tensor& x) {
+  check_forward_input(x);  // as forward()
+  check_input_shape(x);
+  return conv2d(x, weight(), Tensor(), params());
 }
 
 }  // namespace tandem::nn

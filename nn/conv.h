@@ -22,6 +22,9 @@ class Conv2d : public Cloneable<Conv2d> {
   Conv2dParams params() const { return {stride_, stride_, padding_, padding_}; }
   // Redraws weight and bias with PyTorch's default initialization.
   void reset_parameters(Generator& gen = default_generator());
+  // forward(x) without adding the bias (forward's checks), for a batch norm after this layer
+  // that adds the bias in its own passes (BatchNorm2d::forward_biased, nn::conv_batch_norm).
+  Tensor forward_no_bias(const Tensor& x);
 
   std::string name() const override { return "Conv2d"; }
   std::string extra_repr() const override;
@@ -30,6 +33,8 @@ class Conv2d : public Cloneable<Conv2d> {
   Tensor forward_impl(const Tensor& x) override;
 
  private:
+  void check_input_shape(const Tensor& x) const;
+
   int64_t in_, out_, kernel_, stride_, padding_;
 };
 

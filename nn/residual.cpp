@@ -26,10 +26,12 @@ Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, 
 
 Tensor Residual::forward_impl(const Tensor& x) {
   // relu(bn1(conv1(x))) [N, out, H', W'], the ReLU fused into the batch norm's passes when
-  // fuse_bn_relu() is on (Note [batch norm + ReLU] in kernels/backend.h).
-  const Tensor c1 = conv1()(x);
-  Tensor y = fuse_bn_relu() ? bn1().forward_relu(c1) : relu(bn1()(c1));
-  y = bn2()(conv2()(y));
+  // fuse_bn_relu() is on (Note [batch norm + ReLU] in kernels/backend.h), and each conv's bias
+  // into its batch norm's when fuse_conv_bias() is on (conv_batch_norm).
+  const bool fuse_relu = fuse_bn_relu();
+  Tensor y = conv_batch_norm(conv1(), bn1(), x, fuse_relu);
+  if (!fuse_relu) y = relu(y);
+  y = conv_batch_norm(conv2(), bn2(), y, false);
   Tensor shortcut = use_1x1conv_ ? child_as<Conv2d>("conv3")(x) : x;
   return add_relu(y, shortcut);  // relu(y + shortcut) in one pass
 }

@@ -138,17 +138,45 @@ void bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const T
   }
 }
 
+// z + bias[c] in z's dtype, each sum rounded once: the input of a batch norm that takes a
+// conv's bias, as the CUDA convolution's bias add computes it (Note [conv bias in batch norm]
+// in kernels/cuda/batchnorm.cu). The CPU, the reference, writes it out and runs the plain
+// kernels on it.
+Tensor add_conv_bias(const Tensor& z, const Tensor& bias) {
+  const BnGeom g = geom(z);
+  Tensor x(z.shape(), z.dtype(), z.device());
+  dispatch_floating_bf16(z.dtype(), "batch_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pz = cptr<T>(z);
+    T* px = mptr<T>(x);
+    for (int64_t i = 0; i < g.n; ++i) {
+      for (int64_t c = 0; c < g.c; ++c) {
+        const int64_t off = (i * g.c + c) * g.hw;
+        const T b = cptr<T>(bias)[c];
+        for (int64_t j = 0; j < g.hw; ++j) px[off + j] = pz[off + j] + b;
+      }
+    }
+  });
+  return x;
+}
+
 }  // namespace
 
-void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                          const Tensor& running_mean, const Tensor& running_var,
-                                          double momentum, double eps, const Tensor& y,
-                                          const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
+void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& running_mean,
+                                          const Tensor& running_var, double momentum, double eps,
+                                          const Tensor& y, const Tensor& save_mean,
+                                          const Tensor& save_invstd, bool relu) {
+  if (bias.defined()) {
+    batch_norm_forward_train(add_conv_bias(x, bias), Tensor(), gamma, beta, running_mean, running_var,
+                             momentum, eps, y, save_mean, save_invstd, relu);
+    return;
+  }
   if (x.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU] in conv.cpp; the rest is float32
     // relu before the rounding: it commutes with it (monotonic, and 0 is exact).
     Tensor yf(y.shape(), kFloat32, y.device());
-    batch_norm_forward_train(x.to(kFloat32), gamma, beta, running_mean, running_var, momentum, eps, yf,
-                             save_mean, save_invstd, relu);
+    batch_norm_forward_train(x.to(kFloat32), Tensor(), gamma, beta, running_mean, running_var, momentum,
+                             eps, yf, save_mean, save_invstd, relu);
     y.copy_(yf);
     return;
   }
@@ -158,12 +186,18 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, 
   });
 }
 
-void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         const Tensor& running_mean, const Tensor& running_var,
-                                         double eps, const Tensor& y, bool relu) {
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                         const Tensor& beta, const Tensor& running_mean,
+                                         const Tensor& running_var, double eps, const Tensor& y,
+                                         bool relu) {
+  if (bias.defined()) {
+    batch_norm_forward_eval(add_conv_bias(x, bias), Tensor(), gamma, beta, running_mean, running_var, eps, y,
+                            relu);
+    return;
+  }
   if (x.dtype() == kBFloat16) {
     Tensor yf(y.shape(), kFloat32, y.device());
-    batch_norm_forward_eval(x.to(kFloat32), gamma, beta, running_mean, running_var, eps, yf, relu);
+    batch_norm_forward_eval(x.to(kFloat32), Tensor(), gamma, beta, running_mean, running_var, eps, yf, relu);
     y.copy_(yf);
     return;
   }
@@ -172,22 +206,31 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, c
   });
 }
 
-void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                     const Tensor& save_mean, const Tensor& save_invstd,
-                                     const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
-                                     const Tensor& dbeta) {
+void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias,
+                                     const Tensor& gamma, const Tensor& save_mean,
+                                     const Tensor& save_invstd, const Tensor& relu_out,
+                                     const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                     const Tensor& dbias) {
+  if (bias.defined() || dbias.defined()) {
+    // The input written out again, and the bias gradient with the convolution's own routine.
+    batch_norm_backward(dy, bias.defined() ? add_conv_bias(x, bias) : x, Tensor(), gamma, save_mean,
+                        save_invstd, relu_out, dx, dgamma, dbeta, Tensor());
+    if (dbias.defined()) conv2d_backward_bias(dx, dbias);
+    return;
+  }
   if (relu_out.defined()) {
     // The ReLU's backward first, exactly as the ReluBackward op computes it; the CPU is the
     // reference, so it may take the extra pass that the CUDA kernels fuse away.
     Tensor masked(dy.shape(), dy.dtype(), dy.device());
     binary(BinaryOp::ReluBackward, dy, relu_out, masked);
-    batch_norm_backward(masked, x, gamma, save_mean, save_invstd, Tensor(), dx, dgamma, dbeta);
+    batch_norm_backward(masked, x, Tensor(), gamma, save_mean, save_invstd, Tensor(), dx, dgamma, dbeta,
+                        Tensor());
     return;
   }
   if (x.dtype() == kBFloat16) {
     Tensor dxf(dx.shape(), kFloat32, dx.device());
-    batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), gamma, save_mean, save_invstd, Tensor(), dxf, dgamma,
-                        dbeta);
+    batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), Tensor(), gamma, save_mean, save_invstd, Tensor(),
+                        dxf, dgamma, dbeta, Tensor());
     dx.copy_(dxf);
     return;
   }

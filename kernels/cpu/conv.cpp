@@ -208,29 +208,34 @@ void conv_backward_input(const ConvGeom& g, const T* dy, const T* w, T* dx) {
 }
 
 template <typename T>
-void conv_backward_weight(const ConvGeom& g, const T* x, const T* dy, T* dw, T* db) {
+void conv_backward_weight(const ConvGeom& g, const T* x, const T* dy, T* dw) {
   const int64_t chunk = g.chunk(sizeof(T)), pq = g.pq(), crs = g.crs();
   T* cols = scratch<T>(0, static_cast<size_t>(crs * chunk * pq));
   T* dyp = scratch<T>(1, static_cast<size_t>(g.k * chunk * pq));
   T* pad = padding_buffer<T>(g, chunk);
   std::fill(dw, dw + g.k * crs, T(0));
-  std::vector<double> bias_acc(db ? g.k : 0, 0.0);
   for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
     const int64_t m = std::min(chunk, g.n - n0);
     im2col(g, pad_input(g, x + n0 * g.c * g.h * g.w, m, pad), m, cols);
     gather_dy(g, dy + n0 * g.k * pq, m, dyp);
     // dw [K, CRS] += dyp [K, m*PQ] @ cols^T [m*PQ, CRS]
     gemm_raw(false, true, g.k, crs, m * pq, T(1), dyp, m * pq, cols, m * pq, T(1), dw, crs);
-    if (db) {
-      for (int64_t k = 0; k < g.k; ++k) {
-        const T* row = dyp + k * m * pq;
-        double s = 0;
-        for (int64_t j = 0; j < m * pq; ++j) s += row[j];
-        bias_acc[k] += s;
-      }
-    }
   }
-  for (size_t k = 0; k < bias_acc.size(); ++k) db[k] = static_cast<T>(bias_acc[k]);
+}
+
+// db [K] = the sum of dy [N, K, PQ] per channel, in double, image by image: an order that
+// depends on dy's shape alone, so a batch norm that takes the bias (Note [conv bias in batch
+// norm] in kernels/cuda/batchnorm.cu) gets the same bits from its dx.
+template <typename T>
+void conv_backward_bias(const T* dy, int64_t n, int64_t k, int64_t pq, T* db) {
+  for (int64_t c = 0; c < k; ++c) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = dy + (i * k + c) * pq;
+      for (int64_t j = 0; j < pq; ++j) s += row[j];
+    }
+    db[c] = static_cast<T>(s);
+  }
 }
 
 template <typename T>
@@ -292,8 +297,23 @@ void CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, const
   dispatch_floating(x.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
     conv_backward_weight<T>(g, static_cast<const T*>(x.raw_data()),
-                            static_cast<const T*>(dy.raw_data()), static_cast<T*>(dw.raw_data()),
-                            db.defined() ? static_cast<T*>(db.raw_data()) : nullptr);
+                            static_cast<const T*>(dy.raw_data()), static_cast<T*>(dw.raw_data()));
+  });
+  if (db.defined()) conv2d_backward_bias(dy, db);
+}
+
+void CpuBackend::conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
+  if (dy.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU], as conv2d_backward_weight
+    Tensor dbf(db.shape(), kFloat32, db.device());
+    conv2d_backward_bias(widen(dy), dbf);
+    db.copy_(dbf);
+    return;
+  }
+  const int64_t n = dy.size(0), k = dy.size(1);
+  dispatch_floating(dy.dtype(), "conv2d_backward_bias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    conv_backward_bias<T>(static_cast<const T*>(dy.raw_data()), n, k, n * k == 0 ? 0 : dy.numel() / (n * k),
+                          static_cast<T*>(db.raw_data()));
   });
 }
 

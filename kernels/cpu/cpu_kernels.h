@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
                              const Tensor& dx) override;
   void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
                               const Tensor& dw, const Tensor& db) override;
+  void conv2d_backward_bias(const Tensor& dy, const Tensor& db) override;
   // pool.cpp
   void pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,
                       const Tensor& y) override;
@@ -56,16 +57,19 @@ class CpuBackend final : public Backend {
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out) override;
   void index_add(const Tensor& src, const Tensor& index, const Tensor& out) override;
   // batchnorm.cpp
-  void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                const Tensor& running_mean, const Tensor& running_var,
-                                double momentum, double eps, const Tensor& y,
-                                const Tensor& save_mean, const Tensor& save_invstd, bool relu) override;
-  void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var, double eps,
-                               const Tensor& y, bool relu) override;
-  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+  void batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                const Tensor& beta, const Tensor& running_mean,
+                                const Tensor& running_var, double momentum, double eps,
+                                const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                                bool relu) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                               const Tensor& beta, const Tensor& running_mean,
+                               const Tensor& running_var, double eps, const Tensor& y,
+                               bool relu) override;
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias, const Tensor& gamma,
                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
-                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override;
+                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                           const Tensor& dbias) override;
   // optim.cpp
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                 const SgdParams& p) override;

@@ -8,6 +8,30 @@
 // into the channel's coefficients, and an elementwise pass that applies them. The variance is
 // computed from sums of d = x - K and d^2 with K a sample of the channel (the shifted-data
 // algorithm): one pass over x, in double, without the cancellation of E[x^2] - E[x]^2.
+//
+// Note [conv bias in batch norm]: in a ResNet, every convolution but the 1x1 shortcuts is
+// followed by a batch norm. As two ops, the convolution's bias is one more pass over each
+// activation forward (AddBias in conv.cu: read y, write y + b) and one backward (the bias
+// gradient: read dy, the batch norm's dx, once more to sum it per channel) -- ~290 us of a
+// 4.6 ms ResNet-18 step on an H200 (the fused path is not measured yet: fuse_conv_bias() in
+// kernels/backend.h is off by default). Fused (a `bias` given to these kernels), the convolution
+// writes z without its bias and every kernel here that reads x reads z instead and forms
+// x = z + b[c] in registers with AddBias's own add (add_conv_bias: in the activation type T,
+// so a bfloat16 sum is rounded once as there): the statistics and their shift K = x[c, first],
+// the running statistics, the apply pass (with the ReLU or without), and in the backward the
+// gradient partials and the dx pass. The saved tensor is z (and b), never z + b. The dx pass,
+// which writes dx anyway, also sums it: db, the bias gradient, is channel_map_sum_any
+// (channel_reduce.cuh), which walks the elements with the split, vector width and order of
+// the convolution's bias reduction (channel_sum_any) and adds each rounded T value it stores,
+// in double -- so db is bit for bit what the convolution computes from dx, and the outputs,
+// statistics and every other gradient are those of the two ops. Mathematically a bias before
+// a training-mode batch norm cancels (the mean absorbs it, and the sum of dx is zero up to
+// rounding); but dropping it would change the bits, the running mean and eval mode, so the
+// fusion keeps the arithmetic and only drops the memory passes. One exception: the layers
+// of Note [direct convolution] (few input channels, packed NCHW float32/float64, e.g. a
+// ResNet's stem) sum their bias gradient as one more tap of their weight-gradient kernel, in
+// T; there the fused db (summed in double) differs from theirs in the last bits. The CPU, the
+// reference, adds the bias in a pass of its own and sums db with the convolution's routine.
 #include "core/device.h"
 #include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/common.cuh"
@@ -18,13 +42,37 @@ namespace tandem {
 namespace gpu {
 namespace {
 
-// A channels-last x (Note [memory formats]) is [N * H * W, C]: channel_split_last.
-bool channels_last(const Tensor& x) { return !x.is_contiguous(); }
+// a * b + c rounded once. The maps and the partial sums below spell out their fused
+// multiply-adds: left to the compiler, the contraction of the same expression can differ
+// between two kernels that inline it (a ReLU mask around it, say, or a conv's bias), and the
+// fused batch norm + ReLU and the fused conv bias must give the unfused ops' bits (Note [batch
+// norm + ReLU] in kernels/backend.h, Note [conv bias in batch norm]).
+template <typename P>
+__device__ __forceinline__ P fma_p(P a, P b, P c) {
+  if constexpr (std::is_same_v<P, double>) {
+    return __fma_rn(a, b, c);
+  } else {
+    return __fmaf_rn(a, b, c);
+  }
+}
 
-ChannelSplit bn_split(const Tensor& x) {
-  const int64_t n = x.size(0), c = x.size(1);
-  if (channels_last(x)) return channel_split_last(c == 0 ? 0 : x.numel() / c, c);
-  return channel_split(n, c, n * c == 0 ? 0 : x.numel() / (n * c));
+// x = z + b in T: the add of AddBias in conv.cu (Note [conv bias in batch norm]).
+template <typename T>
+__device__ __forceinline__ T add_conv_bias(T z, T b) {
+  return z + b;
+}
+
+// The partial kernels' x from what they read: z + b of channel c when a conv's bias is fused
+// in (bias not null), else z itself.
+template <typename T>
+struct ChannelBias {
+  bool on;
+  T b;
+  __device__ T operator()(T z) const { return on ? add_conv_bias(z, b) : z; }
+};
+template <typename T>
+__device__ __forceinline__ ChannelBias<T> channel_bias(const T* bias, int64_t c) {
+  return bias != nullptr ? ChannelBias<T>{true, bias[c]} : ChannelBias<T>{false, T(0)};
 }
 
 // Channels-last partials, in the layout of the NCHW kernels' (Note [channels-last channel
@@ -32,10 +80,12 @@ ChannelSplit bn_split(const Tensor& x) {
 template <typename T>
 struct BnStatsLast {
   const T* x;
+  const T* bias;  // null: none (Note [conv bias in batch norm])
   __device__ void operator()(int64_t c, int64_t i, double* sums) const {
-    const double d = static_cast<double>(x[i]) - static_cast<double>(x[c]);
+    const ChannelBias<T> b = channel_bias(bias, c);
+    const double d = static_cast<double>(b(x[i])) - static_cast<double>(b(x[c]));
     sums[0] += d;
-    sums[1] += d * d;
+    sums[1] = fma_p(d, d, sums[1]);
   }
 };
 
@@ -52,28 +102,31 @@ template <typename T, typename P>
 struct BnGradLast {
   const T* dy;
   const T* x;
+  const T* bias;
   const P* save_mean;
   const T* relu_out;
   __device__ void operator()(int64_t c, int64_t i, double* sums) const {
     const double d = static_cast<double>(relu_out != nullptr ? relu_masked(dy[i], relu_out[i]) : dy[i]);
     sums[0] += d;
-    sums[1] += d * (static_cast<double>(x[i]) - static_cast<double>(save_mean[c]));
+    const double xm = static_cast<double>(channel_bias(bias, c)(x[i])) - static_cast<double>(save_mean[c]);
+    sums[1] = fma_p(d, xm, sums[1]);
   }
 };
 
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of d and d^2 over the group, d = x - x[c, first].
 template <int VEC, typename T>
-__global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
+__global__ void bn_stats_partials(const T* x, const T* bias, double* partial, ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
-  const double k = static_cast<double>(x[c * g.hw]);
+  const ChannelBias<T> b = channel_bias(bias, c);
+  const double k = static_cast<double>(b(x[c * g.hw]));
   double s1 = 0, s2 = 0;
   for_channel_group<VEC>(g, c, s, [&](int64_t off) {
     const Vec<T, VEC> v = load_vec<VEC>(x, off);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const double d = static_cast<double>(v.v[j]) - k;
+      const double d = static_cast<double>(b(v.v[j])) - k;
       s1 += d;
-      s2 += d * d;
+      s2 = fma_p(d, d, s2);
     }
   });
   s1 = block_reduce(s1, SumOp{}, 0.0);
@@ -87,7 +140,7 @@ __global__ void bn_stats_partials(const T* x, double* partial, ChannelSplit g) {
 // One warp per channel (lane 0 writes): mean, variance, running statistics, and coef[c * 3 + {0,1,2}] =
 // (mean, gamma * invstd, beta) for the elementwise pass.
 template <typename T, typename P>
-__global__ void bn_stats_finish(const T* x, const double* partial, const P* gamma, const P* beta,
+__global__ void bn_stats_finish(const T* x, const T* bias, const double* partial, const P* gamma, const P* beta,
                                 P* running_mean, P* running_var, double momentum, double eps,
                                 P* save_mean, P* save_invstd, P* coef, ChannelSplit g) {
   double sums[2];
@@ -97,7 +150,7 @@ __global__ void bn_stats_finish(const T* x, const double* partial, const P* gamm
   const double m = static_cast<double>(g.n * g.hw);
   const double dmean = s1 / m;
   const double var = fmax(s2 / m - dmean * dmean, 0.0);
-  const double mean = static_cast<double>(x[c * g.hw]) + dmean;
+  const double mean = static_cast<double>(channel_bias(bias, c)(x[c * g.hw])) + dmean;
   const double invstd = 1.0 / sqrt(var + eps);
   save_mean[c] = static_cast<P>(mean);
   save_invstd[c] = static_cast<P>(invstd);
@@ -127,24 +180,34 @@ __device__ __forceinline__ ChannelCoef<P, N> load_coef(const P* coef, int64_t c)
   return k;
 }
 
-// a * b + c rounded once. The maps below spell out their fused multiply-adds: left to the
-// compiler, the contraction of the same expression can differ between two kernels that inline
-// it (a ReLU mask around it, say), and the fused batch norm + ReLU must give the unfused ops'
-// bits (Note [batch norm + ReLU] in kernels/backend.h).
-template <typename P>
-__device__ __forceinline__ P fma_p(P a, P b, P c) {
-  if constexpr (std::is_same_v<P, double>) {
-    return __fma_rn(a, b, c);
+// A map's coefficients and, when the map is Biased, the channel's conv bias b: its x is then
+// add_conv_bias(z, b) of the z it reads (Note [conv bias in batch norm]).
+template <typename P, int N, typename T>
+struct BnCoef {
+  ChannelCoef<P, N> k;
+  T b;
+};
+template <bool Biased, int N, typename P, typename T>
+__device__ __forceinline__ BnCoef<P, N, T> load_bn_coef(const P* coef, const T* bias, int64_t c) {
+  return {load_coef<N>(coef, c), Biased ? bias[c] : T(0)};
+}
+template <bool Biased, typename T>
+__device__ __forceinline__ T bn_input(T z, T b) {
+  if constexpr (Biased) {
+    return add_conv_bias(z, b);
   } else {
-    return __fmaf_rn(a, b, c);
+    return z;
   }
 }
 
-template <typename T, typename P, bool Relu>
+template <typename T, typename P, bool Relu, bool Biased>
 struct BnApply {
   const P* coef;  // (mean, scale, shift) per channel
-  __device__ ChannelCoef<P, 3> coef_of(int64_t c) const { return load_coef<3>(coef, c); }
-  __device__ T operator()(const ChannelCoef<P, 3>& k, T x) const {
+  const T* bias;  // with Biased: the conv's
+  __device__ BnCoef<P, 3, T> coef_of(int64_t c) const { return load_bn_coef<Biased, 3>(coef, bias, c); }
+  __device__ T operator()(const BnCoef<P, 3, T>& kb, T z) const {
+    const ChannelCoef<P, 3>& k = kb.k;
+    const T x = bn_input<Biased>(z, kb.b);
     const T y = static_cast<T>(fma_p(static_cast<P>(x) - k.v[0], k.v[1], k.v[2]));
     if constexpr (Relu) {
       using C = opmath_t<T>;
@@ -155,14 +218,30 @@ struct BnApply {
   }
 };
 
-// The apply pass, with the ReLU or without.
-template <typename T, typename P>
-void bn_apply(const Tensor& x, const Tensor& coef, const Tensor& y, bool relu, cudaStream_t stream) {
-  if (relu) {
-    channel_map_any(x, BnApply<T, P, true>{cptr<P>(coef)}, ptr<T>(y), stream, cptr<T>(x));
+// Calls f(std::bool_constant<on>) with on = bias.defined(): a kernel templated on whether a
+// conv's bias is fused in.
+template <typename F>
+void with_bias(const Tensor& bias, F f) {
+  if (bias.defined()) {
+    f(std::true_type{});
   } else {
-    channel_map_any(x, BnApply<T, P, false>{cptr<P>(coef)}, ptr<T>(y), stream, cptr<T>(x));
+    f(std::false_type{});
   }
+}
+
+// The apply pass, with the ReLU or without, on x, or on z + bias with x = z.
+template <typename T, typename P>
+void bn_apply(const Tensor& x, const Tensor& bias, const Tensor& coef, const Tensor& y, bool relu,
+              cudaStream_t stream) {
+  const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
+  with_bias(bias, [&](auto biased) {
+    constexpr bool kBiased = decltype(biased)::value;
+    if (relu) {
+      channel_map_any(x, BnApply<T, P, true, kBiased>{cptr<P>(coef), b}, ptr<T>(y), stream, cptr<T>(x));
+    } else {
+      channel_map_any(x, BnApply<T, P, false, kBiased>{cptr<P>(coef), b}, ptr<T>(y), stream, cptr<T>(x));
+    }
+  });
 }
 
 // y = (x - running_mean) * scale + shift with coef from bn_eval_coef (the same form as training).
@@ -180,10 +259,11 @@ __global__ void bn_eval_coef(const P* gamma, const P* beta, const P* running_mea
 // partial[(c * splits + s) * 2 + {0, 1}] = sums of dy and dy * (x - mean) over the group
 // (dy masked by relu_out when it is not null).
 template <int VEC, typename T, typename P>
-__global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, const T* relu_out,
+__global__ void bn_grad_partials(const T* dy, const T* x, const T* bias, const P* save_mean, const T* relu_out,
                                  double* partial, ChannelSplit g) {
   const int64_t c = blockIdx.x, s = blockIdx.y;
   const double mean = static_cast<double>(save_mean[c]);
+  const ChannelBias<T> b = channel_bias(bias, c);
   double sdy = 0, sdyx = 0;
   for_channel_group<VEC>(g, c, s, [&](int64_t off) {
     Vec<T, VEC> dv = load_vec<VEC>(dy, off);
@@ -197,7 +277,7 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const P* save_mean, co
     for (int j = 0; j < VEC; ++j) {
       const double d = static_cast<double>(dv.v[j]);
       sdy += d;
-      sdyx += d * (static_cast<double>(xv.v[j]) - mean);
+      sdyx = fma_p(d, static_cast<double>(b(xv.v[j])) - mean, sdyx);
     }
   });
   sdy = block_reduce(sdy, SumOp{}, 0.0);
@@ -231,35 +311,64 @@ __global__ void bn_grad_finish(const double* partial, const P* gamma, const P* s
   coef[c * 4 + 3] = save_mean[c];
 }
 
-template <typename T, typename P>
+template <typename T, typename P, bool Biased>
 struct BnGradApply {
   const P* coef;  // (a, b, d, mean) per channel
-  __device__ ChannelCoef<P, 4> coef_of(int64_t c) const { return load_coef<4>(coef, c); }
-  __device__ T operator()(const ChannelCoef<P, 4>& k, T dy, T x) const {
+  const T* bias;  // with Biased: the conv's
+  __device__ BnCoef<P, 4, T> coef_of(int64_t c) const { return load_bn_coef<Biased, 4>(coef, bias, c); }
+  __device__ T operator()(const BnCoef<P, 4, T>& kb, T dy, T z) const {
+    const ChannelCoef<P, 4>& k = kb.k;
+    const T x = bn_input<Biased>(z, kb.b);
     return static_cast<T>(fma_p(k.v[0], static_cast<P>(dy), fma_p(k.v[1], static_cast<P>(x) - k.v[3], k.v[2])));
   }
 };
 
 // The same with dy masked by the fused ReLU's output.
-template <typename T, typename P>
+template <typename T, typename P, bool Biased>
 struct BnReluGradApply {
   const P* coef;
-  __device__ ChannelCoef<P, 4> coef_of(int64_t c) const { return load_coef<4>(coef, c); }
-  __device__ T operator()(const ChannelCoef<P, 4>& k, T dy, T x, T relu_out) const {
-    return BnGradApply<T, P>{coef}(k, relu_masked(dy, relu_out), x);
+  const T* bias;
+  __device__ BnCoef<P, 4, T> coef_of(int64_t c) const { return load_bn_coef<Biased, 4>(coef, bias, c); }
+  __device__ T operator()(const BnCoef<P, 4, T>& k, T dy, T z, T relu_out) const {
+    return BnGradApply<T, P, Biased>{coef, bias}(k, relu_masked(dy, relu_out), z);
   }
 };
+
+// The dx pass: dx from dy and x (or z + bias with x = z), dy masked by relu_out when mask is not
+// null; with dbias defined, also dbias = the per-channel sum of dx, in the same pass (Note
+// [conv bias in batch norm]).
+template <typename T, typename P>
+void bn_grad_apply(const Tensor& x, const Tensor& bias, const Tensor& coef, const T* dy, const T* mask,
+                   const Tensor& dx, const Tensor& dbias, cudaStream_t stream) {
+  const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
+  const auto run = [&](const auto& f, const auto*... in) {
+    if (dbias.defined()) {
+      channel_map_sum_any(x, f, ptr<T>(dx), ptr<T>(dbias), stream, in...);
+    } else {
+      channel_map_any(x, f, ptr<T>(dx), stream, in...);
+    }
+  };
+  with_bias(bias, [&](auto biased) {
+    constexpr bool kBiased = decltype(biased)::value;
+    if (mask != nullptr) {
+      run(BnReluGradApply<T, P, kBiased>{cptr<P>(coef), b}, dy, cptr<T>(x), mask);
+    } else {
+      run(BnGradApply<T, P, kBiased>{cptr<P>(coef), b}, dy, cptr<T>(x));
+    }
+  });
+}
 
 unsigned channel_threads_grid(int64_t c) { return static_cast<unsigned>((c + kBlock - 1) / kBlock); }
 
 }  // namespace
 }  // namespace gpu
 
-void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                           const Tensor& running_mean, const Tensor& running_var,
-                                           double momentum, double eps, const Tensor& y,
-                                           const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
-  const gpu::ChannelSplit g = gpu::bn_split(x);
+void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& running_mean,
+                                           const Tensor& running_var, double momentum, double eps,
+                                           const Tensor& y, const Tensor& save_mean,
+                                           const Tensor& save_invstd, bool relu) {
+  const gpu::ChannelSplit g = gpu::channel_split_of(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
@@ -268,29 +377,30 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma,
   dispatch_floating_bf16(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using P = opmath_t<T>;  // the per-channel tensors' type (float32 for bfloat16 activations)
-    if (gpu::channels_last(x)) {
+    const T* b = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    if (gpu::channels_last_of(x)) {
       gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnStatsLast<T>{gpu::cptr<T>(x)}, gpu::ptr<double>(partial));
+          g, gpu::BnStatsLast<T>{gpu::cptr<T>(x), b}, gpu::ptr<double>(partial));
     } else {
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_stats_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(x), gpu::ptr<double>(partial), g);
+            gpu::cptr<T>(x), b, gpu::ptr<double>(partial), g);
       }, gpu::cptr<T>(x));
     }
     TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_stats_finish<T, P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(x), gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta),
+        gpu::cptr<T>(x), b, gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta),
         gpu::ptr<P>(running_mean), gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean),
         gpu::ptr<P>(save_invstd), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_apply<T, P>(x, coef, y, relu, stream);
+    gpu::bn_apply<T, P>(x, bias, coef, y, relu, stream);
   });
 }
 
-void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                          const Tensor& running_mean, const Tensor& running_var,
-                                          double eps, const Tensor& y, bool relu) {
-  const gpu::ChannelSplit g = gpu::bn_split(x);
+void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& running_mean,
+                                          const Tensor& running_var, double eps, const Tensor& y, bool relu) {
+  const gpu::ChannelSplit g = gpu::channel_split_of(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
@@ -302,19 +412,21 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
         gpu::cptr<P>(gamma), gpu::cptr<P>(beta), gpu::cptr<P>(running_mean), gpu::cptr<P>(running_var), eps,
         gpu::ptr<P>(coef), g.c);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_apply<T, P>(x, coef, y, relu, stream);
+    gpu::bn_apply<T, P>(x, bias, coef, y, relu, stream);
   });
 }
 
-void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                      const Tensor& save_mean, const Tensor& save_invstd,
-                                      const Tensor& relu_out, const Tensor& dx, const Tensor& dgamma,
-                                      const Tensor& dbeta) {
-  const gpu::ChannelSplit g = gpu::bn_split(x);
+void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias,
+                                      const Tensor& gamma, const Tensor& save_mean,
+                                      const Tensor& save_invstd, const Tensor& relu_out,
+                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                                      const Tensor& dbias) {
+  const gpu::ChannelSplit g = gpu::channel_split_of(x);
   if (g.c == 0) return;
   if (x.numel() == 0) {
     fill(dgamma, 0.0);
     fill(dbeta, 0.0);
+    if (dbias.defined()) fill(dbias, 0.0);
     return;
   }
   DeviceGuard guard(x.device());
@@ -325,14 +437,15 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
     using T = typename decltype(tag)::type;
     using P = opmath_t<T>;
     const T* mask = relu_out.defined() ? gpu::cptr<T>(relu_out) : nullptr;
-    if (gpu::channels_last(x)) {
+    const T* b = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    if (gpu::channels_last_of(x)) {
       gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), mask},
+          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask},
           gpu::ptr<double>(partial));
     } else {
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_grad_partials<vec.value, T, P><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(dy), gpu::cptr<T>(x), gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
+            gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
       }, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
     }
     TANDEM_CUDA_CHECK_LAUNCH();
@@ -340,13 +453,7 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
         gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
         gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    if (mask != nullptr) {
-      gpu::channel_map_any(x, gpu::BnReluGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream,
-                           gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
-    } else {
-      gpu::channel_map_any(x, gpu::BnGradApply<T, P>{gpu::cptr<P>(coef)}, gpu::ptr<T>(dx), stream,
-                           gpu::cptr<T>(dy), gpu::cptr<T>(x));
-    }
+    gpu::bn_grad_apply<T, P>(x, bias, coef, gpu::cptr<T>(dy), mask, dx, dbias, stream);
   });
 }
 

@@ -223,32 +223,53 @@ inline dim3 split_grid_last(const ChannelSplit& g) {
   return dim3(static_cast<unsigned>((g.c + kLastLanes - 1) / kLastLanes), static_cast<unsigned>(g.splits));
 }
 
-// M partial sums per (channel, row group): acc(c, i, sums) adds element i (= row * C + c) of
-// channel c into sums[0..M). Launch with split_grid_last(g) and kSplitBlock threads.
-template <int M, typename Acc>
-__global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
-  constexpr int kRows = kSplitBlock / kLastLanes;
-  const int lane = static_cast<int>(threadIdx.x) % kLastLanes, r = static_cast<int>(threadIdx.x) / kLastLanes;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLastLanes + lane, s = blockIdx.y;
-  double sums[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) sums[m] = 0;
-  if (c < g.c) {
-    const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
-    for (int64_t row = r0 + r; row < r1; row += kRows) acc(c, row * g.c + c, sums);
+constexpr int kLastRows = kSplitBlock / kLastLanes;  // rows a block reads at a time
+
+// This thread's channel in a block of split_grid_last(g): lane = channel.
+__device__ __forceinline__ int64_t channel_of_lane() {
+  return static_cast<int64_t>(blockIdx.x) * kLastLanes + static_cast<int64_t>(threadIdx.x) % kLastLanes;
+}
+
+// Calls f(i) for this thread's elements i = row * C + c of channel c in row group s, rows in
+// order (c < g.c).
+template <typename F>
+__device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c, int64_t s, F f) {
+  const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
+  for (int64_t row = r0 + static_cast<int64_t>(threadIdx.x) / kLastLanes; row < r1; row += kLastRows) {
+    f(row * g.c + c);
   }
+}
+
+// partial[(c * splits + s) * M + m] = the block's sums[m] of channel c, added row by row in a
+// fixed order. Every thread of the block calls it (it synchronizes), c >= g.c included.
+template <int M>
+__device__ __forceinline__ void store_partials_last(const double (&sums)[M], const ChannelSplit& g, int64_t c,
+                                                    int64_t s, double* partial) {
+  const int lane = static_cast<int>(threadIdx.x) % kLastLanes;
   __shared__ double shared[M][kSplitBlock];
 #pragma unroll
   for (int m = 0; m < M; ++m) shared[m][threadIdx.x] = sums[m];
   __syncthreads();
-  if (r == 0 && c < g.c) {
+  if (threadIdx.x < kLastLanes && c < g.c) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       double t = 0;
-      for (int k = 0; k < kRows; ++k) t += shared[m][k * kLastLanes + lane];
+      for (int k = 0; k < kLastRows; ++k) t += shared[m][k * kLastLanes + lane];
       partial[(c * g.splits + s) * M + m] = t;
     }
   }
+}
+
+// M partial sums per (channel, row group): acc(c, i, sums) adds element i (= row * C + c) of
+// channel c into sums[0..M). Launch with split_grid_last(g) and kSplitBlock threads.
+template <int M, typename Acc>
+__global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
+  const int64_t c = channel_of_lane(), s = blockIdx.y;
+  double sums[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) sums[m] = 0;
+  if (c < g.c) for_rows_last(g, c, s, [&](int64_t i) { acc(c, i, sums); });
+  store_partials_last<M>(sums, g, c, s, partial);
 }
 
 // sums[0] += x[i]: the partials of channel_sum_finish.
@@ -337,6 +358,122 @@ void channel_map_any(const Tensor& like, const F& f, T* out, cudaStream_t stream
   } else {
     channel_map_last(f, out, n, c, stream, in...);
   }
+}
+
+// ---- per-channel sums of a [N, C, H, W] or [N, C] tensor in either format ----
+
+// Whether per-channel work reads t as channels-last [N * H * W, C] (Note [memory formats]):
+// a tensor that is also contiguous (C = 1, 1x1 pixels) is read as [N, C, HW].
+inline bool channels_last_of(const Tensor& t) { return !t.is_contiguous(); }
+
+// The split of per-channel work over t: a function of its shape and format alone.
+inline ChannelSplit channel_split_of(const Tensor& t) {
+  const int64_t n = t.size(0), c = t.size(1);
+  if (channels_last_of(t)) return channel_split_last(c == 0 ? 0 : t.numel() / c, c);
+  return channel_split(n, c, n * c == 0 ? 0 : t.numel() / (n * c));
+}
+
+// out[c] = the sum of channel c of x, in double and rounded once: channel_sum_partials (or
+// channel_partials_last with SumLast) and channel_sum_finish over channel_split_of(x). A
+// convolution's bias gradient (x = dy).
+template <typename T>
+void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
+  const ChannelSplit g = channel_split_of(x);
+  Tensor partial = empty({g.c * g.splits}, kFloat64, x.device());
+  if (channels_last_of(x)) {
+    channel_partials_last<1><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, SumLast<T>{cptr<T>(x)},
+                                                                             ptr<double>(partial));
+  } else {
+    with_channel_vec<T>(g.hw, [&](auto vec) {
+      channel_sum_partials<vec.value, T><<<split_grid(g), kSplitBlock, 0, stream>>>(cptr<T>(x),
+                                                                                   ptr<double>(partial), g);
+    }, cptr<T>(x));
+  }
+  TANDEM_CUDA_CHECK_LAUNCH();
+  channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), out, g);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// Note [a per-channel map that sums its output]: channel_map_sum_any writes out = f(coef, in...)
+// as channel_map_any does and, in the same pass, sums what it writes per channel -- the
+// rounded T values, in double -- in exactly the order channel_sum_any would add them reading
+// out afterwards: the same split (channel_split_of), the same vector width (that of out alone,
+// so an input at an offset that breaks those vectors is read element by element), the same
+// per-thread walk (for_channel_group, for_rows_last), the same block and finish reductions. So
+// the sum is bit for bit channel_sum_any(out), without that second pass over out (Note [conv
+// bias in batch norm] in batchnorm.cu). Being a reduction, it runs on the split grid
+// rather than the flat grid-stride loop of channel_map.
+
+// A vector of VEC elements at p + off: one vector load when p is aligned to it, else VEC loads.
+template <int VEC, typename T>
+__device__ __forceinline__ Vec<T, VEC> load_vec_or_elements(const T* p, int64_t off, bool aligned) {
+  if (aligned) return load_vec<VEC>(p, off);
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) v.v[k] = p[off + k];
+  return v;
+}
+
+// [N, C, HW]: block (c, s) maps channel c's image group s and writes its sum to
+// partial[c * splits + s], as channel_sum_partials<VEC> sums it. `aligned`: every input is
+// aligned to the vectors (out always is).
+template <int VEC, typename F, typename T, typename... In>
+__global__ void channel_map_sum_kernel(F f, T* out, double* partial, ChannelSplit g, bool aligned,
+                                       const In*... in) {
+  const int64_t c = blockIdx.x, s = blockIdx.y;
+  const auto coef = f.coef_of(c);
+  double acc = 0;
+  for_channel_group<VEC>(g, c, s, [&](int64_t off) {
+    Vec<T, VEC> o;
+    auto apply = [&](const Vec<In, VEC>&... x) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) o.v[k] = f(coef, x.v[k]...);
+    };
+    apply(load_vec_or_elements<VEC>(in, off, aligned)...);
+    *reinterpret_cast<Vec<T, VEC>*>(out + off) = o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc += static_cast<double>(o.v[k]);
+  });
+  acc = block_reduce(acc, SumOp{}, 0.0);
+  if (threadIdx.x == 0) partial[c * g.splits + s] = acc;
+}
+
+// Channels-last [rows, C]: as channel_partials_last<1> with SumLast over out; the thread's
+// channel's coefficients are loaded once (Note [per-channel maps]).
+template <typename F, typename T, typename... In>
+__global__ void channel_map_sum_last_kernel(F f, T* out, double* partial, ChannelSplit g, const In*... in) {
+  const int64_t c = channel_of_lane(), s = blockIdx.y;
+  double sums[1] = {0};
+  if (c < g.c) {
+    const auto coef = f.coef_of(c);
+    for_rows_last(g, c, s, [&](int64_t i) {
+      const T o = f(coef, in[i]...);
+      out[i] = o;
+      sums[0] += static_cast<double>(o);
+    });
+  }
+  store_partials_last<1>(sums, g, c, s, partial);
+}
+
+// channel_map_any(like, f, out, stream, in...) and sum[c] = channel_sum_any(out)[c], in one
+// pass (Note [a per-channel map that sums its output]). out and in... in like's format.
+template <typename T, typename F, typename... In>
+void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStream_t stream, const In*... in) {
+  const ChannelSplit g = channel_split_of(like);
+  Tensor partial = empty({g.c * g.splits}, kFloat64, like.device());
+  if (channels_last_of(like)) {
+    channel_map_sum_last_kernel<<<split_grid_last(g), kSplitBlock, 0, stream>>>(
+        f, out, ptr<double>(partial), g, in...);
+  } else {
+    with_channel_vec<T>(g.hw, [&](auto vec) {
+      const bool aligned = channel_vec<T>(g.hw, static_cast<const T*>(out), in...) == vec.value;
+      channel_map_sum_kernel<vec.value><<<split_grid(g), kSplitBlock, 0, stream>>>(
+          f, out, ptr<double>(partial), g, aligned, in...);
+    }, static_cast<const T*>(out));
+  }
+  TANDEM_CUDA_CHECK_LAUNCH();
+  channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tandem::gpu

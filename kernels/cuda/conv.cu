@@ -266,7 +266,8 @@ void convolve(Device device, const Tensor& xt, const Tensor& wt, const Tensor& y
   TANDEM_CUDNN_CHECK(Pass::run(h, plan, &one, &zero, x, w, y, workspace.get()));
 }
 
-// y [N, K, PQ] += bias [K] (channel_map, channel_reduce.cuh).
+// y [N, K, PQ] += bias [K] (channel_map, channel_reduce.cuh). A batch norm that takes the bias
+// adds it with the same add (add_conv_bias, Note [conv bias in batch norm] in batchnorm.cu).
 template <typename T>
 struct AddBias {
   const T* bias;
@@ -321,32 +322,25 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
     gpu::direct_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
-  const bool channels_last = gpu::channels_last(x, dw, dy);
   dispatch_floating_bf16(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gpu::convolve<gpu::BwdFilterPass, T>(dw.device(), x, dw, dy, p);
-    if (db.defined()) {
-      // db = per-channel sum of dy (Note [split channel reductions], Note [channels-last
-      // channel reductions]).
-      const int64_t k = dy.size(1), pixels = dy.size(2) * dy.size(3);
-      const gpu::ChannelSplit g = channels_last ? gpu::channel_split_last(dy.size(0) * pixels, k)
-                                                : gpu::channel_split(dy.size(0), k, pixels);
-      cudaStream_t stream = current_cuda_stream(dw.device());
-      Tensor partial = empty({g.c * g.splits}, kFloat64, dw.device());
-      if (channels_last) {
-        gpu::channel_partials_last<1><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-            g, gpu::SumLast<T>{gpu::cptr<T>(dy)}, gpu::ptr<double>(partial));
-      } else {
-        gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
-          gpu::channel_sum_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-              gpu::cptr<T>(dy), gpu::ptr<double>(partial), g);
-        }, gpu::cptr<T>(dy));
-      }
-      TANDEM_CUDA_CHECK_LAUNCH();
-      gpu::channel_sum_finish<T><<<gpu::finish_grid(g), gpu::kBlock, 0,
-                                   stream>>>(gpu::cptr<double>(partial), gpu::ptr<T>(db), g);
-      TANDEM_CUDA_CHECK_LAUNCH();
-    }
+  });
+  if (db.defined()) conv2d_backward_bias(dy, db);
+}
+
+void CudaBackend::conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
+  DeviceGuard guard(db.device());
+  if (dy.numel() == 0) {
+    if (db.numel() > 0) fill(db, 0.0);
+    return;
+  }
+  dispatch_floating_bf16(db.dtype(), "conv2d_backward_bias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // db = per-channel sum of dy (Note [split channel reductions], Note [channels-last
+    // channel reductions]); a batch norm that takes the bias computes the same bits (Note
+    // [conv bias in batch norm] in batchnorm.cu).
+    gpu::channel_sum_any<T>(dy, gpu::ptr<T>(db), current_cuda_stream(db.device()));
   });
 }
 

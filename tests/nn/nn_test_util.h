@@ -3,12 +3,56 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "autograd/ops.h"
 #include "catch.h"
 #include "helpers.h"
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace tandem::test {
+
+// A process-wide on/off setting (kernels/backend.h: set_fuse_bn_relu and fuse_bn_relu, ...),
+// restored at the end of a scope.
+struct SettingRestore {
+  SettingRestore(void (*set)(bool), bool (*get)()) : set(set), prev(get()) {}
+  ~SettingRestore() { set(prev); }
+  void (*set)(bool);
+  bool prev;
+};
+
+// A training step of `model` with a fusion setting on against one of its clone with it off, on
+// device d and in `format`: the same output, parameter gradients and buffers (running
+// statistics), bit for bit. The setting is restored.
+inline void check_fusion_changes_nothing(const std::shared_ptr<nn::Module>& model, const Tensor& x_cpu,
+                                         Device d, void (*set)(bool), bool (*get)(),
+                                         MemoryFormat format = MemoryFormat::Contiguous) {
+  SettingRestore restore(set, get);
+  const std::shared_ptr<nn::Module> plain = model->clone();
+  model->to(d).to(format);
+  plain->to(d).to(format);
+  const Tensor x = x_cpu.to(d).contiguous(format);
+  set(true);
+  const Tensor y1 = (*model)(x);
+  sum(y1).backward();
+  set(false);
+  const Tensor y0 = (*plain)(x);
+  sum(y0).backward();
+  REQUIRE(values(y1) == values(y0));
+  const auto p1 = model->named_parameters(), p0 = plain->named_parameters();
+  REQUIRE(p1.size() == p0.size());
+  for (size_t i = 0; i < p1.size(); ++i) {
+    INFO(p1.item(i).first);
+    CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
+  }
+  const auto b1 = model->named_buffers(), b0 = plain->named_buffers();
+  for (size_t i = 0; i < b1.size(); ++i) {
+    INFO(b1.item(i).first);
+    CHECK(values(b1.item(i).second) == values(b0.item(i).second));
+  }
+}
 
 
 // A float64 CPU tensor holding `values` (row-major).

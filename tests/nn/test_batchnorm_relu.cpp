@@ -20,8 +20,10 @@
 #include "nn/container.h"
 #include "nn/conv.h"
 #include "nn/residual.h"
+#include "nn_test_util.h"
 
 using namespace tandem;
+using tandem::test::check_fusion_changes_nothing;
 using tandem::test::check_gradients;
 using tandem::test::leaf;
 using tandem::test::values;
@@ -48,40 +50,6 @@ Run bn_relu(const Tensor& x0, const Tensor& gamma0, const Tensor& beta0, const T
   r.y.backward(dy);
   r.dx = x.grad(), r.dgamma = gamma.grad(), r.dbeta = beta.grad();
   return r;
-}
-
-// Restores the fusion setting at the end of a test.
-struct FuseSetting {
-  bool prev = fuse_bn_relu();
-  ~FuseSetting() { set_fuse_bn_relu(prev); }
-};
-
-// A training step of `model` with the fusion on against one of its clone with it off, on
-// device d: the same output, parameter gradients and buffers (running statistics), bit for bit.
-void check_fusion_changes_nothing(const std::shared_ptr<nn::Module>& model, const Tensor& x_cpu, Device d) {
-  FuseSetting restore;
-  const std::shared_ptr<nn::Module> plain = model->clone();
-  model->to(d);
-  plain->to(d);
-  const Tensor x = x_cpu.to(d);
-  set_fuse_bn_relu(true);
-  const Tensor y1 = (*model)(x);
-  sum(y1).backward();
-  set_fuse_bn_relu(false);
-  const Tensor y0 = (*plain)(x);
-  sum(y0).backward();
-  REQUIRE(values(y1) == values(y0));
-  const auto p1 = model->named_parameters(), p0 = plain->named_parameters();
-  REQUIRE(p1.size() == p0.size());
-  for (size_t i = 0; i < p1.size(); ++i) {
-    INFO(p1.item(i).first);
-    CHECK(values(p1.item(i).second.grad()) == values(p0.item(i).second.grad()));
-  }
-  const auto b1 = model->named_buffers(), b0 = plain->named_buffers();
-  for (size_t i = 0; i < b1.size(); ++i) {
-    INFO(b1.item(i).first);
-    CHECK(values(b1.item(i).second) == values(b0.item(i).second));
-  }
 }
 
 }  // namespace
@@ -137,12 +105,12 @@ TEST_CASE("Residual with batch norm + ReLU fused equals it unfused", "[nn][cuda]
     INFO("on " << d.str());
     Generator gen(5);
     check_fusion_changes_nothing(std::make_shared<nn::Residual>(3, 4, true, 2, gen),
-                                 uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32), d);
+                                 uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32), d, set_fuse_bn_relu, fuse_bn_relu);
   }
 }
 
 TEST_CASE("A Sequential runs its BatchNorm2d and the ReLU after it as one op", "[nn][cuda]") {
-  FuseSetting restore;
+  const test::SettingRestore restore(set_fuse_bn_relu, fuse_bn_relu);
   for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
     Generator gen(9);
@@ -152,7 +120,7 @@ TEST_CASE("A Sequential runs its BatchNorm2d and the ReLU after it as one op", "
             std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(4),
             std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm2d>(4),
             std::make_shared<nn::Conv2d>(4, 2, 3, 1, 0, true, gen), std::make_shared<nn::BatchNorm2d>(2)}),
-        uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32), d);
+        uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32), d, set_fuse_bn_relu, fuse_bn_relu);
     // What ran: one fused node for BN -> ReLU, the plain one otherwise.
     nn::Sequential pair({std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
     pair.to(d);
