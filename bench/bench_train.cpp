@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     if (cfg.channels_last) path += "+cl";
     if (cfg.precision == "bf16") path += "+bf16";
     if (!fuse_bn_relu()) path += "-bnrelu";  // Note [batch norm + ReLU]
+    if (!fuse_conv_bias()) path += "-convbias";  // Note [conv bias in batch norm]
     if (cfg.devices.front().is_cuda() && cudnn_benchmark()) path += "+bench";
     if (cfg.devices.front().is_cuda() && !cudnn_deterministic()) path += "+nondet";
     const size_t devices = cfg.group ? static_cast<size_t>(cfg.group->size()) : cfg.devices.size();

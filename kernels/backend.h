@@ -243,12 +243,13 @@ bool direct_conv();
 //   TANDEM_FUSE_BN_RELU=0 turns it off.
 void set_fuse_bn_relu(bool on);
 bool fuse_bn_relu();
-// fuse_conv_bias (default false, until measured): Residual blocks, and a Sequential's Conv2d
+// fuse_conv_bias (default true): Residual blocks, and a Sequential's Conv2d
 //   followed by a BatchNorm2d, run the convolution without its bias and add the bias inside
 //   the batch norm's passes (batch_norm_bias; Note [conv bias in batch norm] in
 //   kernels/cuda/batchnorm.cu): the same values and gradients without the bias-add pass
 //   forward and the bias-gradient pass backward. Only for a convolution with a bias whose
-//   output goes to nothing but the batch norm. Environment: TANDEM_FUSE_CONV_BIAS=1 turns it on.
+//   output goes to nothing but the batch norm. ResNet-18 on an H200: +2.9% images/s channels-last
+//   bf16, +3.4% float32. Environment: TANDEM_FUSE_CONV_BIAS=0 turns it off.
 void set_fuse_conv_bias(bool on);
 bool fuse_conv_bias();
 void set_cudnn_graph_api(bool on);

@@ -38,7 +38,7 @@ std::atomic<bool>& fuse_bn_relu_flag() {
   return flag;
 }
 std::atomic<bool>& fuse_conv_bias_flag() {
-  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_CONV_BIAS", false)};
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_CONV_BIAS", true)};
   return flag;
 }
 }  // namespace

