@@ -81,11 +81,19 @@ template <typename T>
 struct BnStatsLast {
   const T* x;
   const T* bias;  // null: none (Note [conv bias in batch norm])
-  __device__ void operator()(int64_t c, int64_t i, double* sums) const {
+  struct Channel {  // channel c's bias and shift K, loaded once per thread
+    const T* x;
+    ChannelBias<T> b;
+    double k;
+    __device__ void operator()(int64_t i, double* sums) const {
+      const double d = static_cast<double>(b(x[i])) - k;
+      sums[0] += d;
+      sums[1] = fma_p(d, d, sums[1]);
+    }
+  };
+  __device__ Channel at(int64_t c) const {
     const ChannelBias<T> b = channel_bias(bias, c);
-    const double d = static_cast<double>(b(x[i])) - static_cast<double>(b(x[c]));
-    sums[0] += d;
-    sums[1] = fma_p(d, d, sums[1]);
+    return {x, b, static_cast<double>(b(x[c]))};
   }
 };
 
@@ -105,11 +113,20 @@ struct BnGradLast {
   const T* bias;
   const P* save_mean;
   const T* relu_out;
-  __device__ void operator()(int64_t c, int64_t i, double* sums) const {
-    const double d = static_cast<double>(relu_out != nullptr ? relu_masked(dy[i], relu_out[i]) : dy[i]);
-    sums[0] += d;
-    const double xm = static_cast<double>(channel_bias(bias, c)(x[i])) - static_cast<double>(save_mean[c]);
-    sums[1] = fma_p(d, xm, sums[1]);
+  struct Channel {  // channel c's bias and mean, loaded once per thread
+    const T* dy;
+    const T* x;
+    const T* relu_out;
+    ChannelBias<T> b;
+    double mean;
+    __device__ void operator()(int64_t i, double* sums) const {
+      const double d = static_cast<double>(relu_out != nullptr ? relu_masked(dy[i], relu_out[i]) : dy[i]);
+      sums[0] += d;
+      sums[1] = fma_p(d, static_cast<double>(b(x[i])) - mean, sums[1]);
+    }
+  };
+  __device__ Channel at(int64_t c) const {
+    return {dy, x, relu_out, channel_bias(bias, c), static_cast<double>(save_mean[c])};
   }
 };
 

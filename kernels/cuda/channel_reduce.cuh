@@ -268,7 +268,16 @@ __global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) 
   double sums[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) sums[m] = 0;
-  if (c < g.c) for_rows_last(g, c, s, [&](int64_t i) { acc(c, i, sums); });
+  // A thread keeps its channel: an accumulator with at(c) loads what the channel needs once
+  // (as the maps do, Note [per-channel maps]) and is then called per element.
+  if constexpr (requires { acc.at(c); }) {
+    if (c < g.c) {
+      const auto a = acc.at(c);
+      for_rows_last(g, c, s, [&](int64_t i) { a(i, sums); });
+    }
+  } else {
+    if (c < g.c) for_rows_last(g, c, s, [&](int64_t i) { acc(c, i, sums); });
+  }
   store_partials_last<M>(sums, g, c, s, partial);
 }
 
