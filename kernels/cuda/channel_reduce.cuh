@@ -260,23 +260,19 @@ __device__ __forceinline__ void store_partials_last(const double (&sums)[M], con
   }
 }
 
-// M partial sums per (channel, row group): acc(c, i, sums) adds element i (= row * C + c) of
-// channel c into sums[0..M). Launch with split_grid_last(g) and kSplitBlock threads.
+// M partial sums per (channel, row group): acc.at(c) loads what channel c needs once (a thread
+// keeps its channel, Note [per-channel maps]) and returns a functor a, and a(i, sums) adds
+// element i (= row * C + c) into sums[0..M). Launch with split_grid_last(g) and kSplitBlock
+// threads.
 template <int M, typename Acc>
 __global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
   const int64_t c = channel_of_lane(), s = blockIdx.y;
   double sums[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) sums[m] = 0;
-  // A thread keeps its channel: an accumulator with at(c) loads what the channel needs once
-  // (as the maps do, Note [per-channel maps]) and is then called per element.
-  if constexpr (requires { acc.at(c); }) {
-    if (c < g.c) {
-      const auto a = acc.at(c);
-      for_rows_last(g, c, s, [&](int64_t i) { a(i, sums); });
-    }
-  } else {
-    if (c < g.c) for_rows_last(g, c, s, [&](int64_t i) { acc(c, i, sums); });
+  if (c < g.c) {
+    const auto a = acc.at(c);
+    for_rows_last(g, c, s, [&](int64_t i) { a(i, sums); });
   }
   store_partials_last<M>(sums, g, c, s, partial);
 }
@@ -285,7 +281,8 @@ __global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) 
 template <typename T>
 struct SumLast {
   const T* x;
-  __device__ void operator()(int64_t, int64_t i, double* sums) const { sums[0] += static_cast<double>(x[i]); }
+  __device__ const SumLast& at(int64_t) const { return *this; }  // nothing per channel
+  __device__ void operator()(int64_t i, double* sums) const { sums[0] += static_cast<double>(x[i]); }
 };
 
 // out[i] = f(f.coef_of(c), in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte
