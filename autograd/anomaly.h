@@ -24,7 +24,7 @@
 // Cost: off, one thread-local branch per recorded op and per backward node. On, each checked
 // tensor is scanned on the host; a CUDA tensor (or one on a virtual CPU device) is copied to
 // the CPU first, which synchronizes the host with its stream. That breaks "forward and
-// backward never synchronize the host" (DESIGN.md, invariant 3) on purpose, and is acceptable
+// backward never synchronize the host" (docs/00-design.md, invariant 3) on purpose, and is acceptable
 // only in anomaly mode: leave it off for timing. For the same reason the mode does not mix with
 // CUDA graph capture (core/cuda_graph.h): a host read during a capture fails. Integer tensors
 // are never anomalous.

@@ -13,10 +13,10 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 
 int main(int argc, char** argv) {
   try {

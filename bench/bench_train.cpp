@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     cfg.lr = args.given("lr") ? args.real("lr", 0, 100) : (model == "lenet" ? 0.9 : 0.05);
     if (!args.given("test-limit")) cfg.test_limit = 1000;
     // Under a launcher: one rank of a DDP job (tandem-run --nproc-per-node N bench_train ...).
-    parallel::dist::DistributedContext ctx = start_process_group(cfg);
+    parallel::distributed::DistributedContext ctx = start_process_group(cfg);
     cfg.evaluate = false;
     cfg.drop_last = true;
     cfg.progress = false;

@@ -18,11 +18,11 @@
 #include "kernels/ops.h"
 #include "nn/models/lenet.h"
 #include "nn/optim/sgd.h"
-#include "parallel/dist/ddp.h"
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/ddp.h"
+#include "parallel/distributed/launch.h"
 
 using namespace tandem;
-namespace dist = tandem::parallel::dist;
+namespace dist = tandem::parallel::distributed;
 
 struct Flags {
   std::string data, device;

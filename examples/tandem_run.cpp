@@ -17,9 +17,9 @@
 
 #include "core/device.h"
 #include "core/error.h"
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/launch.h"
 
-using tandem::parallel::dist::LaunchOptions;
+using tandem::parallel::distributed::LaunchOptions;
 
 namespace {
 
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return tandem::parallel::dist::launch(parsed.options, parsed.program);
+    return tandem::parallel::distributed::launch(parsed.options, parsed.program);
   } catch (const std::exception& e) {
     std::cerr << "tandem-run: error: " << e.what() << "\n";
     return 1;

@@ -1,7 +1,7 @@
 #pragma once
 // parallel_apply: the same function on every device at once, one host thread per device.
 //
-// This is step 3 of a data-parallel step (DESIGN.md, "Multi-device"): each replica runs its
+// This is step 3 of a data-parallel step (docs/00-design.md, "Many devices in one process"): each replica runs its
 // forward (and, in the trainer, its backward) on its own device, its own stream and its own
 // host thread, so no device waits for another's kernel launches and virtual CPU devices
 // really compute concurrently. The threads are the persistent DeviceWorkers.

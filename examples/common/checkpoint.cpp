@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
 namespace tandem::examples {
 

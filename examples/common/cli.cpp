@@ -12,8 +12,8 @@
 #include "autograd/anomaly.h"
 #include "core/error.h"
 #include "data/fashion_mnist.h"
-#include "parallel/dist/env.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/env.h"
+#include "parallel/distributed/process_group.h"
 
 namespace tandem::examples {
 
@@ -46,7 +46,7 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
   const bool gpu = device == "cuda" || (device.empty() && cfg.backend != "gloo" && cuda_available());
   if (gpu && cfg.backend == "gloo") throw ArgsError("--backend gloo moves CPU tensors; a GPU takes nccl");
   if (!gpu && cfg.backend == "nccl") throw ArgsError("--backend nccl needs a GPU per process; the CPU takes gloo");
-  cfg.devices = {gpu ? Device::cuda(parallel::dist::read_dist_env().local_rank) : kCPU};
+  cfg.devices = {gpu ? Device::cuda(parallel::distributed::read_dist_env().local_rank) : kCPU};
   if (cfg.backend == "auto") cfg.backend = gpu ? "nccl" : "gloo";
   cfg.bucket_cap_mb = args.real("bucket-cap-mb", 1e-3, 1e5);
   cfg.overlap = !args.on("no-overlap");
@@ -110,7 +110,7 @@ void add_common_flags(Args& args) {
 }
 
 void configure_common(const Args& args, TrainConfig& cfg) {
-  cfg.distributed = args.on("distributed") || parallel::dist::launched_by_launcher();
+  cfg.distributed = args.on("distributed") || parallel::distributed::launched_by_launcher();
   if (cfg.distributed) {
     configure_distributed(args, cfg);
   } else {
@@ -165,11 +165,11 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   }
 }
 
-parallel::dist::DistributedContext start_process_group(TrainConfig& cfg) {
-  parallel::dist::DistributedContext ctx;
+parallel::distributed::DistributedContext start_process_group(TrainConfig& cfg) {
+  parallel::distributed::DistributedContext ctx;
   if (cfg.distributed) {
     // One rank of a job: the launcher's environment says who we are (torch's init_process_group).
-    ctx = parallel::dist::init_process_group(cfg.backend, cfg.devices.front());
+    ctx = parallel::distributed::init_process_group(cfg.backend, cfg.devices.front());
     cfg.group = ctx.group;
   }
   return ctx;
@@ -202,7 +202,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
       cfg.cuda_graph = false;  // the checks read values on the host, which a graph capture forbids
     }
 
-    parallel::dist::DistributedContext ctx = start_process_group(cfg);
+    parallel::distributed::DistributedContext ctx = start_process_group(cfg);
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
     const bool speak = reports(cfg);
     if (speak) {

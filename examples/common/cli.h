@@ -8,7 +8,7 @@
 
 #include "common/args.h"
 #include "common/train.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
 namespace tandem::examples {
 
@@ -27,7 +27,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec);
 // multi-process ones: --distributed, --backend, --bucket-cap-mb, --no-overlap) and their
 // validation into a TrainConfig; ArgsError for a bad value (a --checkpoint folder that cannot
 // take files is one, before any training). Under a
-// launcher (parallel/dist/env.h: launched_by_launcher) or with --distributed the run is one
+// launcher (parallel/distributed/env.h: launched_by_launcher) or with --distributed the run is one
 // process per device: --devices, --parallel, --comm and --trace are then bad flags, --device
 // takes cpu or cuda (cuda: this process's cuda:LOCAL_RANK), and train_main builds the process
 // group, so that rank 0 alone prints the job's numbers.
@@ -36,6 +36,6 @@ void configure_common(const Args& args, TrainConfig& cfg);
 
 // In a multi-process run (cfg.distributed): joins the job (the store, the process group) and
 // sets cfg.group; otherwise returns an empty context. Keep the context alive while training.
-parallel::dist::DistributedContext start_process_group(TrainConfig& cfg);
+parallel::distributed::DistributedContext start_process_group(TrainConfig& cfg);
 
 }  // namespace tandem::examples

@@ -16,9 +16,9 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
 #include "parallel/data_parallel.h"
-#include "parallel/dist/ddp.h"
+#include "parallel/distributed/ddp.h"
 #include "parallel/flat_buffer.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 #include "parallel/replicate.h"
 #include "parallel/trace.h"
 #include "parallel/trainer.h"
@@ -39,7 +39,7 @@ std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
 
 namespace {
 
-namespace dist = parallel::dist;
+namespace dist = parallel::distributed;
 
 // The program's model, in the memory format the flags ask for (Note [memory formats] in
 // core/tensor.h): set before the model is moved, replicated or coalesced, which all keep it.
@@ -220,7 +220,7 @@ dist::DistributedDataParallelOptions ddp_options(const TrainConfig& cfg) {
 }
 
 // DDP moves the model to the group's device (the training device), broadcasts rank 0's
-// weights and reduces the gradients while backward runs (parallel/dist/ddp.h).
+// weights and reduces the gradients while backward runs (parallel/distributed/ddp.h).
 class DdpStepper final : public Stepper {
  public:
   explicit DdpStepper(const TrainConfig& cfg)

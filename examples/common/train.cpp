@@ -15,7 +15,7 @@
 #include "kernels/ops.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/serialize_checkpoint.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
 namespace tandem::examples {
 
@@ -65,7 +65,7 @@ double epoch_lr(const TrainConfig& cfg, int64_t epoch) {
 namespace {
 
 // Note [when the ranks look at the loss and the signals]: reading the loss after every step
-// would make the host wait for the devices every step (DESIGN.md, invariant 3). Instead each
+// would make the host wait for the devices every step (docs/00-design.md, invariant 3). Instead each
 // step copies the epoch's running loss sum into a small window on the device, and the driver
 // reads the window only at a check: every --checkpoint-every steps of the run (100 without
 // it), at the end of an epoch, and -- in a single process -- after the step in which a signal

@@ -18,7 +18,7 @@
 #include "core/device.h"
 #include "nn/module.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 class ProcessGroup;
 }
 
@@ -56,7 +56,7 @@ struct TrainConfig {
   // is one rank of that job and trains through DistributedDataParallel on devices.front().
   bool distributed = false;
   std::string backend = "auto";
-  std::shared_ptr<parallel::dist::ProcessGroup> group;
+  std::shared_ptr<parallel::distributed::ProcessGroup> group;
   double bucket_cap_mb = 25.0;          // DDP's bucket size
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
   bool cuda_graph = true;               // GPUs of this process: the step in a CUDA graph per GPU (core/cuda_graph.h)

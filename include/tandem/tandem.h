@@ -42,9 +42,9 @@
 #include "data/idx.h"
 
 // parallel: several devices in one process, then one process per device
-#include "parallel/dist/ddp.h"
-#include "parallel/dist/env.h"
-#include "parallel/dist/launch.h"
-#include "parallel/dist/process_group.h"
-#include "parallel/dist/store.h"
+#include "parallel/distributed/ddp.h"
+#include "parallel/distributed/env.h"
+#include "parallel/distributed/launch.h"
+#include "parallel/distributed/process_group.h"
+#include "parallel/distributed/store.h"
 #include "parallel/parallel.h"

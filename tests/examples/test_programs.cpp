@@ -19,7 +19,7 @@
 #include "data/data_test_util.h"
 #include "data/idx.h"
 #include "examples/tiny_dataset.h"
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/launch.h"
 
 namespace {
 
@@ -313,7 +313,7 @@ TEST_CASE("lenet in a multi-process run: --distributed alone, and the flags it r
   write_tiny_dataset(dir);
   const std::string data = "--data " + dir.path().string() + " --no-progress --epochs 1 --batch-size 16";
   // No launcher, --distributed: a job of one process.
-  const std::string port = "MASTER_PORT=" + std::to_string(tandem::parallel::dist::free_port()) + " ";
+  const std::string port = "MASTER_PORT=" + std::to_string(tandem::parallel::distributed::free_port()) + " ";
   Result alone = run_program((kDistEnv + port + TANDEM_LENET_PATH).c_str(), dir, data + " --device cpu --distributed");
   INFO(alone.output);
   CHECK(alone.code == 0);

@@ -31,7 +31,7 @@ endif()
 # 1. Install this build (the library it already built, the headers, the config files).
 step("cmake --install" ${CMAKE_COMMAND} --install ${TANDEM_BINARY_DIR} --prefix ${prefix} --component tandem)
 foreach(f include/tandem/tandem.h include/tandem/core/tensor.h include/tandem/nn/nn.h
-          include/tandem/parallel/dist/ddp.h lib/cmake/tandem/tandemConfig.cmake
+          include/tandem/parallel/distributed/ddp.h lib/cmake/tandem/tandemConfig.cmake
           lib/cmake/tandem/tandemConfigVersion.cmake lib/cmake/tandem/tandemTargets.cmake)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "the install has no ${f}")

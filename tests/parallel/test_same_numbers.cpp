@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "dist/dist_test_model.h"
+#include "distributed/dist_test_model.h"
 #include "parallel_test_util.h"
 
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
@@ -34,7 +34,7 @@ using namespace tandem::parallel;
 
 namespace {
 
-// The test worker's model and batches (tests/dist/dist_test_model.h): the DDP run there starts
+// The test worker's model and batches (tests/distributed/dist_test_model.h): the DDP run there starts
 // from make_net(7) and trains on these batches.
 std::shared_ptr<nn::Module> worker_net() { return test::dist_test_net(7, /*bn=*/false); }
 

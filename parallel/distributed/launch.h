@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -75,4 +75,4 @@ int free_port();
 int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
           LaunchOptions options = {});
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

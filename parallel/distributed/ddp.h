@@ -42,10 +42,10 @@
 #include <vector>
 
 #include "nn/module.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 #include "parallel/reducer.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 struct DistributedDataParallelOptions {
   bool broadcast_buffers = true;
@@ -106,4 +106,4 @@ class DistributedDataParallel {
 // packed into a flat buffer, broadcast, unpacked. Waits (stream-ordered on GPUs).
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

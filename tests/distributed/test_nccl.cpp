@@ -13,11 +13,11 @@
 #include "helpers.h"
 #include "nn/models/lenet.h"
 #include "nn/nn.h"
-#include "parallel/dist/ddp.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/ddp.h"
+#include "parallel/distributed/process_group.h"
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 
 namespace {
 
@@ -54,7 +54,7 @@ TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda
     Tensor before = t.clone();
     pg.allreduce(t)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
-    pg.allreduce(t, parallel::dist::ReduceOp::Avg)->wait();
+    pg.allreduce(t, parallel::distributed::ReduceOp::Avg)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
     Tensor out = zeros({n}, kFloat32, Device::cuda(0));
     pg.allgather(out, t)->wait();

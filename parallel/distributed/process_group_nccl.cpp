@@ -8,7 +8,7 @@
 // (STYLE.md, "Multi-GPU"). The monitor thread (process_group.cpp) polls the collectives in
 // flight: past its deadline, or when ncclCommGetAsyncError reports an error, the group fails
 // and ncclCommAbort ends the kernels, so nothing waits on them any more.
-#include "parallel/dist/process_group_backends.h"
+#include "parallel/distributed/process_group_backends.h"
 
 #include <cstdlib>
 #include <deque>
@@ -26,7 +26,7 @@
 #include "parallel/nccl_types.h"
 #endif
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 #ifndef TANDEM_WITH_NCCL
 
@@ -258,4 +258,4 @@ std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int 
 
 #endif
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

@@ -14,9 +14,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "parallel/dist/store.h"
+#include "parallel/distributed/store.h"
 
-namespace tandem::parallel::dist::store_wire {
+namespace tandem::parallel::distributed::store_wire {
 
 using Clock = std::chrono::steady_clock;
 
@@ -159,4 +159,4 @@ inline int poll_ms_until(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1 << 30));
 }
 
-}  // namespace tandem::parallel::dist::store_wire
+}  // namespace tandem::parallel::distributed::store_wire

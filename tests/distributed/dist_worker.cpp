@@ -1,4 +1,4 @@
-// One rank of a multi-process test, started by tandem-run (tests/dist/test_ddp.cpp). Each mode
+// One rank of a multi-process test, started by tandem-run (tests/distributed/test_ddp.cpp). Each mode
 // checks something across real processes over Gloo and prints what the test reads:
 //
 //   ring                   the teaching ring allreduce over send/recv (ring_p2p.h) vs allreduce
@@ -27,15 +27,15 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "dist/dist_test_model.h"
+#include "distributed/dist_test_model.h"
 #include "core/generator.h"
 #include "nn/nn.h"
-#include "parallel/dist/ddp.h"
-#include "parallel/dist/process_group.h"
-#include "parallel/dist/ring_p2p.h"
+#include "parallel/distributed/ddp.h"
+#include "parallel/distributed/process_group.h"
+#include "parallel/distributed/ring_p2p.h"
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 
 namespace {
 
@@ -70,7 +70,7 @@ void run_collectives(ProcessGroup& pg) {
       for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "allreduce sum");
     }
     Tensor a = full({n}, r + 1, kFloat32, g_device);
-    pg.allreduce(a, parallel::dist::ReduceOp::Avg)->wait();
+    pg.allreduce(a, parallel::distributed::ReduceOp::Avg)->wait();
     for (float v : a.to_vector<float>()) require(std::abs(v - sum / w) < 1e-6, "allreduce avg");
 
     Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64, g_device);

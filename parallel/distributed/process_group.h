@@ -3,7 +3,7 @@
 //
 // The in-process Communicator (parallel/comm.h) reduces over the devices of one process; a
 // ProcessGroup reduces over the ranks of a job, each rank a process with one device. The bytes
-// move through an engine made for it (DESIGN.md invariant 10):
+// move through an engine made for it (docs/00-design.md, invariant 10):
 //   "nccl"  GPU tensors: ncclCommInitRank with the unique id passed through the store, every
 //           collective on the group's own communication stream (process_group_nccl.cpp);
 //   "gloo"  CPU tensors: Gloo's TCP transport, its rendezvous through our store, every
@@ -15,7 +15,7 @@
 // event, no host sync); on the CPU the host waits, since the CPU "stream" is the host. The
 // tensors must stay alive and untouched until the work is waited on.
 //
-// Failures end, they never hang (DESIGN.md invariant 13; Note [collective failures] in
+// Failures end, they never hang (docs/00-design.md, invariant 13; Note [collective failures] in
 // process_group.cpp): every collective has a deadline (options.timeout, default 10 minutes as
 // in PyTorch, or TANDEM_DIST_TIMEOUT seconds from the environment). A monitor thread publishes
 // this rank's progress to the store about once a second and watches for ranks that left the
@@ -37,14 +37,14 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "parallel/dist/env.h"
-#include "parallel/dist/store.h"
+#include "parallel/distributed/env.h"
+#include "parallel/distributed/store.h"
 
 namespace tandem::parallel {
 class Trace;
 }
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 enum class ReduceOp { Sum, Avg };  // Avg: Sum divided by the group size (PyTorch's AVG)
 const char* reduce_op_name(ReduceOp op);
@@ -203,4 +203,4 @@ DistributedContext init_process_group(const std::string& backend, Device device,
 // NCCL).
 std::vector<std::string> process_group_backends();
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

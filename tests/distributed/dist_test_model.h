@@ -1,5 +1,5 @@
 #pragma once
-// The model and the global batches of the multi-process tests: tests/dist/dist_worker.cpp
+// The model and the global batches of the multi-process tests: tests/distributed/dist_worker.cpp
 // trains them in every rank, and tests/parallel/test_same_numbers.cpp trains the very same ones
 // in one process to compare.
 #include <cstdint>

@@ -1,5 +1,5 @@
 // DistributedDataParallel and the Gloo process group across real processes: the test worker
-// (tests/dist/dist_worker.cpp) started by tandem-run with 2 and 3 ranks on localhost, plus the
+// (tests/distributed/dist_worker.cpp) started by tandem-run with 2 and 3 ranks on localhost, plus the
 // failure cases — a rank killed mid-training, different models, a bad environment, a second
 // job on the same port. Timeouts are test-sized (TANDEM_DIST_TIMEOUT).
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
@@ -17,7 +17,7 @@
 #include "catch.h"
 #include "data/data_test_util.h"
 #include "helpers.h"
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/launch.h"
 
 namespace {
 
@@ -150,7 +150,7 @@ TEST_CASE("Without the launcher stopping them, survivors of a killed rank exit n
           "[dist][ddp][failure]") {
   // Both ranks started by hand (no launcher to stop rank 0): rank 1 dies, rank 0 must notice.
   TempDir dir;
-  const int port = tandem::parallel::dist::free_port();
+  const int port = tandem::parallel::distributed::free_port();
   const std::string common = env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                              std::to_string(port) + " TANDEM_JOB_ID=t" + std::to_string(port) + " ";
   const std::string w = TANDEM_DIST_WORKER_PATH;
@@ -182,7 +182,7 @@ TEST_CASE("A rank that goes silent makes the others time out, naming the collect
   TempDir dir;
   // Started by hand so that no launcher stops anyone early: rank 0 must end on its own within
   // the 2 s collective timeout (plus the monitor's publication delay), rank 1 sleeps 6 s.
-  const int port = tandem::parallel::dist::free_port();
+  const int port = tandem::parallel::distributed::free_port();
   const std::string common = env(2) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                              std::to_string(port) + " TANDEM_JOB_ID=s" + std::to_string(port) + " ";
   const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " silent --after 3 --sleep 6";
@@ -202,7 +202,7 @@ TEST_CASE("Two nodes on loopback train to the same numbers as one node", "[dist]
   TempDir dir;
   Result one = run(dir, 2, "ddp --bn --steps 3 --batch 8");
   REQUIRE(one.code == 0);
-  const int port = tandem::parallel::dist::free_port();
+  const int port = tandem::parallel::distributed::free_port();
   const std::string node = env() + TANDEM_RUN_PATH + std::string(" --nnodes 2 --nproc-per-node 1 --grace-seconds 1 ") +
                            "--master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --node-rank ";
   const std::string args = std::string(" ") + TANDEM_DIST_WORKER_PATH + " ddp --bn --steps 3 --batch 8";
@@ -224,7 +224,7 @@ TEST_CASE("A bad environment gives one clear line and a non-zero exit", "[dist][
     CHECK(contains(r.output, "WORLD_SIZE=2"));
   }
   SECTION("nothing listening at MASTER_ADDR:MASTER_PORT") {
-    const int port = tandem::parallel::dist::free_port();
+    const int port = tandem::parallel::distributed::free_port();
     Result r = sh(dir, env(1) + "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + w);
     INFO(r.output);
     CHECK(r.code == 1);
@@ -234,7 +234,7 @@ TEST_CASE("A bad environment gives one clear line and a non-zero exit", "[dist][
   SECTION("the port is taken") {
     // A first job holds the port (its rank 1 never comes, so it waits); a second rank 0 on the
     // same port cannot listen.
-    const int port = tandem::parallel::dist::free_port();
+    const int port = tandem::parallel::distributed::free_port();
     const std::string at = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
     Result r = sh(dir, "(" + env(3) + "RANK=0 WORLD_SIZE=2 " + at + w + " & sleep 0.5; " + env(3) + "RANK=0 WORLD_SIZE=2 " +
                            at + w + "; echo second exit $?; wait)");
@@ -250,7 +250,7 @@ TEST_CASE("A second job on the same address and port is refused and the first on
   TempDir dir;
   Result alone = run(dir, 2, "ddp --steps 30 --batch 10");
   REQUIRE(alone.code == 0);
-  const int port = tandem::parallel::dist::free_port();
+  const int port = tandem::parallel::distributed::free_port();
   const std::string at = " --master-addr 127.0.0.1 --master-port " + std::to_string(port) + " --nproc-per-node 2 ";
   const std::string job = env(10) + TANDEM_RUN_PATH + std::string(" --grace-seconds 1 ") + at;
   // The intruder's rank 0 cannot bind the port; its rank 1 reaches the first job's store and

@@ -30,7 +30,7 @@
 #include <optional>
 #include <string>
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 struct DistEnv {
   int rank = 0;
@@ -56,4 +56,4 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 DistEnv read_dist_env();
 DistEnv read_dist_env(const EnvLookup& lookup);
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

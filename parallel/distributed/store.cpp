@@ -1,14 +1,14 @@
 // Store's string helpers, PrefixStore and the barrier over any Store (store.h). The TCP store
 // itself: the wire format in store_protocol.h, the server in store_server.cpp, the client and
 // TCPStore's methods in store_client.cpp.
-#include "parallel/dist/store.h"
+#include "parallel/distributed/store.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "parallel/dist/store_protocol.h"
+#include "parallel/distributed/store_protocol.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 using store_wire::Clock;
 using store_wire::seconds_text;
@@ -71,4 +71,4 @@ void store_barrier(Store& store, const std::string& name, int world_size, Millis
   }
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

@@ -5,10 +5,10 @@
 #include "catch.h"
 #include "core/error.h"
 #include "helpers.h"
-#include "parallel/dist/env.h"
+#include "parallel/distributed/env.h"
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 using tandem::test::contains;
 using tandem::test::error_message;
 

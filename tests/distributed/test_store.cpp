@@ -16,10 +16,10 @@
 #include "catch.h"
 #include "core/error.h"
 #include "helpers.h"
-#include "parallel/dist/store.h"
+#include "parallel/distributed/store.h"
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 using tandem::test::contains;
 using tandem::test::error_message;
 using namespace std::chrono_literals;

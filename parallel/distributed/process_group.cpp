@@ -1,6 +1,6 @@
 // What every backend shares: argument checks, sequence numbers, fingerprints, the monitor
 // thread, and the one failure message a rank prints when the job cannot go on.
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -12,9 +12,9 @@
 
 #include "core/error.h"
 #include "core/stream.h"
-#include "parallel/dist/process_group_backends.h"
+#include "parallel/distributed/process_group_backends.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "avg"; }
 
@@ -418,4 +418,4 @@ DistributedContext init_process_group(const std::string& backend, Device device,
   return ctx;
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

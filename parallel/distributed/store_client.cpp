@@ -17,11 +17,11 @@
 #include <thread>
 
 #include "core/error.h"
-#include "parallel/dist/store.h"
-#include "parallel/dist/store_protocol.h"
-#include "parallel/dist/store_server.h"
+#include "parallel/distributed/store.h"
+#include "parallel/distributed/store_protocol.h"
+#include "parallel/distributed/store_server.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 using namespace store_wire;
 
@@ -400,4 +400,4 @@ bool TCPStore::delete_key(const std::string& key) {
   });
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

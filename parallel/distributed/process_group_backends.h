@@ -4,9 +4,9 @@
 #include <memory>
 #include <string>
 
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 // CPU tensors over Gloo's TCP transport (process_group_gloo.cpp). master_addr picks the
 // address Gloo's pairs listen on (loopback for a job on loopback).
@@ -16,4 +16,4 @@ std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int 
 std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
                                               ProcessGroupOptions options);
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

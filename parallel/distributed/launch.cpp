@@ -1,4 +1,4 @@
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/launch.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,11 +24,11 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "parallel/dist/env.h"
+#include "parallel/distributed/env.h"
 
 extern char** environ;
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 namespace {
 
@@ -554,4 +554,4 @@ int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
   return run_job(options, exe, /*search_path=*/false, argv);
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

@@ -9,9 +9,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "parallel/dist/store_protocol.h"
+#include "parallel/distributed/store_protocol.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 struct TCPStore::Server {
   using Clock = store_wire::Clock;
@@ -73,4 +73,4 @@ struct TCPStore::Server {
   void close_dead();
 };
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

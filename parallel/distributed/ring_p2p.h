@@ -11,13 +11,13 @@
 // neighbour's own send, all the way round the ring, and nothing moves. The process group does
 // not offer group calls yet.
 #include "core/tensor.h"
-#include "parallel/dist/process_group.h"
+#include "parallel/distributed/process_group.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 // In place: every rank's t ends up holding the sum over all ranks of t. Every rank calls it
 // with the same shape and dtype; t must be contiguous. Any numel (chunks may differ in length
 // by one, or be empty) and any group size (size 1: nothing to do).
 void allreduce_ring_p2p(ProcessGroup& pg, const Tensor& t);
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

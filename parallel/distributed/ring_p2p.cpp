@@ -3,14 +3,14 @@
 // same (and so is the cost, Note [ring allreduce cost]); only the transport differs. There one
 // thread drives every device; here each process runs the loop for its own rank, and the ring
 // exists because every rank sends to rank + 1 and receives from rank - 1 in the same step.
-#include "parallel/dist/ring_p2p.h"
+#include "parallel/distributed/ring_p2p.h"
 
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/ops.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 void allreduce_ring_p2p(ProcessGroup& pg, const Tensor& t) {
   TANDEM_CHECK(pg.backend() == "gloo", Dist, "allreduce_ring_p2p on rank ", pg.rank(),
@@ -61,4 +61,4 @@ void allreduce_ring_p2p(ProcessGroup& pg, const Tensor& t) {
   for (int s = 0; s + 1 < n; ++s) step(mod(r + 1 - s), chunk(mod(r - s)));
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

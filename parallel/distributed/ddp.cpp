@@ -1,4 +1,4 @@
-#include "parallel/dist/ddp.h"
+#include "parallel/distributed/ddp.h"
 
 #include <atomic>
 #include <map>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "parallel/replicate.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 namespace {
 
@@ -167,4 +167,4 @@ DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp
 
 DistributedDataParallel::NoSync::~NoSync() { ddp_.reducer_->set_require_sync(prev_); }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

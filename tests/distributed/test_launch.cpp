@@ -22,12 +22,12 @@
 
 #include "core/error.h"
 #include "data/data_test_util.h"
-#include "parallel/dist/launch.h"
+#include "parallel/distributed/launch.h"
 
 extern char** environ;
 
 using namespace tandem;
-using namespace tandem::parallel::dist;
+using namespace tandem::parallel::distributed;
 using tandem::test::check_throws_containing;
 using tandem::test::TempDir;
 

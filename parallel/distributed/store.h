@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 using Bytes = std::vector<uint8_t>;
 using Milliseconds = std::chrono::milliseconds;
@@ -137,4 +137,4 @@ class PrefixStore : public Store {
 // world_size had arrived.
 void store_barrier(Store& store, const std::string& name, int world_size, Milliseconds timeout);
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

@@ -7,7 +7,7 @@
 //
 // Gloo's rendezvous (every pair of ranks exchanging addresses) goes through our store: the
 // adapter below is all Gloo needs of it.
-#include "parallel/dist/process_group_backends.h"
+#include "parallel/distributed/process_group_backends.h"
 
 #ifdef TANDEM_WITH_GLOO
 #include <unistd.h>
@@ -31,7 +31,7 @@
 #include "core/stream.h"
 #include "parallel/trace.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 #ifndef TANDEM_WITH_GLOO
 
@@ -423,4 +423,4 @@ std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int 
 
 #endif
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

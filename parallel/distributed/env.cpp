@@ -1,11 +1,11 @@
-#include "parallel/dist/env.h"
+#include "parallel/distributed/env.h"
 
 #include <charconv>
 #include <cstdlib>
 
 #include "core/error.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 namespace {
 
@@ -173,4 +173,4 @@ std::string DistEnv::str() const {
          master_addr + ":" + std::to_string(master_port) + ", job " + job_id + ", from " + source;
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed

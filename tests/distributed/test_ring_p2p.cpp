@@ -1,5 +1,5 @@
-// The teaching ring allreduce over send/recv (parallel/dist/ring_p2p.h) across real processes:
-// the test worker's "ring" mode (tests/dist/dist_worker.cpp) started by tandem-run on localhost
+// The teaching ring allreduce over send/recv (parallel/distributed/ring_p2p.h) across real processes:
+// the test worker's "ring" mode (tests/distributed/dist_worker.cpp) started by tandem-run on localhost
 // with 2 and 3 ranks (and 1, where it has nothing to do). Closed-form sums at tiny, odd and
 // large sizes, and random data against the group's own allreduce.
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)

@@ -6,7 +6,7 @@
 // reader or a half-sent message never stalls the others. A get/wait whose keys are missing
 // becomes the connection's waiter: it is answered when the key is set or when its deadline
 // (sent by the client) passes, and meanwhile the server serves everyone else.
-#include "parallel/dist/store_server.h"
+#include "parallel/distributed/store_server.h"
 
 #include <fcntl.h>
 #include <netinet/tcp.h>
@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 
-namespace tandem::parallel::dist {
+namespace tandem::parallel::distributed {
 
 using namespace store_wire;
 
@@ -385,4 +385,4 @@ void TCPStore::Server::close_dead() {
   }
 }
 
-}  // namespace tandem::parallel::dist
+}  // namespace tandem::parallel::distributed
