@@ -1,9 +1,9 @@
 #pragma once
 // DistributedDataParallel: one process per device, PyTorch's torch.nn.parallel.DDP.
 //
-//   auto ctx = dist::init_process_group("auto", device);        // RANK, WORLD_SIZE, ... from the launcher
+//   auto ctx = parallel::distributed::init_process_group("auto", device);        // RANK, WORLD_SIZE, ... from the launcher
 //   auto model = nn::models::lenet();
-//   dist::DistributedDataParallel ddp(model, ctx.group);      // rank 0's weights everywhere
+//   parallel::distributed::DistributedDataParallel ddp(model, ctx.group);      // rank 0's weights everywhere
 //   nn::optim::SGD opt(ddp.parameters(), 0.1);
 //   for (...) {
 //     opt.zero_grad();

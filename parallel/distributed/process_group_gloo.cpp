@@ -48,7 +48,7 @@ namespace {
 // Gloo's view of our store.
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  explicit GlooStore(dist::Store& s) : s_(s) {}
+  explicit GlooStore(distributed::Store& s) : s_(s) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     s_.set(key, Bytes(data.begin(), data.end()));
   }
@@ -62,7 +62,7 @@ class GlooStore : public gloo::rendezvous::Store {
   }
 
  private:
-  dist::Store& s_;
+  distributed::Store& s_;
 };
 
 // A collective queued on (or run by) the group's thread.
