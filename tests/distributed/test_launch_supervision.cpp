@@ -150,6 +150,48 @@ TEST_CASE("tandem-run: SIGUSR1 and SIGUSR2 reach every worker and the job goes o
   CHECK(f.err.find("got SIGUSR2; forwarding it to 2 worker(s)") != std::string::npos);
 }
 
+// True when the process ignores sig (SigIgn in /proc/<pid>/status, a hex mask of bit sig - 1).
+bool ignores(pid_t pid, int sig) {
+  std::istringstream in(read_text("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigIgn:", 0) == 0)
+      return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return false;
+}
+
+TEST_CASE("tandem-run: a signal it was started with ignored stays ignored (nohup)", "[dist]") {
+  TempDir dir;
+  const std::string script = "echo $$ > " + dir.file("tmp") + "$RANK && mv " + dir.file("tmp") +
+                             "$RANK " + dir.file("pid") + "$RANK && exec sleep 30";
+  // The shell ignores SIGHUP and SIGINT, and exec keeps them ignored in tandem-run.
+  const std::string launcher = std::string("trap '' HUP INT; exec ") + TANDEM_RUN_PATH +
+                               " --nproc-per-node 2 --grace-seconds 1 /bin/sh -c '" + script + "'";
+  const Child c = start({"/bin/sh", "-c", launcher}, dir, kNoContract);
+  std::vector<pid_t> workers;
+  for (int r = 0; r < 2; ++r) {
+    wait_for_file(dir.file("pid" + std::to_string(r)));
+    workers.push_back(pid_in(dir.file("pid" + std::to_string(r))));
+  }
+  REQUIRE(kill(c.pid, SIGHUP) == 0);
+  REQUIRE(kill(c.pid, SIGINT) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(alive(c.pid));
+  for (pid_t p : workers) {
+    CHECK(alive(p));
+    CHECK(ignores(p, SIGHUP));  // inherited, as from any parent
+    CHECK(ignores(p, SIGINT));
+    CHECK_FALSE(ignores(p, SIGPIPE));  // the launcher's own choice is not the workers'
+  }
+  REQUIRE(kill(c.pid, SIGTERM) == 0);
+  const Finished f = finish(c, 5);
+  INFO("stderr:\n" << f.err);
+  CHECK(f.code == 143);
+  CHECK(f.err.find("got SIGHUP") == std::string::npos);
+  CHECK(f.err.find("got SIGINT") == std::string::npos);
+  for (pid_t p : workers) CHECK(gone_soon(p));
+  kill_leftovers(workers);
+}
+
 // What the output test's workers run: rank r prints "tick r i" for i = 0, 1, 2 with printf
 // and no flush, taking turns with the other rank through files (turn k = 2 i + r waits for
 // turn k - 1's file), so that in time the lines alternate 0, 1, 0, 1, 0, 1.
