@@ -27,8 +27,11 @@ const char* kUsage = R"(usage: tandem-run [flags] program [args...]
 
 Starts nproc-per-node copies of program with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT and TANDEM_JOB_ID set, prefixes each line of their output with
-"[rank N] ", and when one exits non-zero stops the others (SIGTERM, then SIGKILL after the
-grace period) and exits 1 naming it. SIGINT/SIGTERM are forwarded to every worker.
+"[rank N] " (their stdout is a pseudo-terminal, so lines arrive as they are printed), and
+when one exits non-zero stops the others (SIGTERM, then SIGKILL after the grace period) and
+exits 1 naming it. SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every worker and stop
+the job; SIGUSR1 and SIGUSR2 are forwarded and the job goes on. Killed outright, the launcher
+takes its workers with it.
 
 flags:
   --nproc-per-node N|gpu  processes on this node; "gpu": one per visible GPU (default 1)
@@ -40,11 +43,11 @@ flags:
   --run-id ID             job id every worker gets (default: random on one node,
                           ADDR:PORT:WORLD on several)
   --grace-seconds S       between SIGTERM and SIGKILL when stopping (default 5)
-  --no-prefix             leave the workers' output as it is
+  --no-prefix             the workers write to tandem-run's own stdout and stderr
   --help                  this text
 
 exit code: 0 when every worker exited 0; 1 when one failed; 2 for a bad flag; 127 when the
-program cannot be run; 130/143 after SIGINT/SIGTERM.
+program cannot be run; 128 + the signal after SIGINT/SIGTERM/SIGHUP/SIGQUIT (130/143/129/131).
 )";
 
 struct BadFlag {

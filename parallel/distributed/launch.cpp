@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +24,7 @@
 
 #include "core/error.h"
 #include "parallel/distributed/env.h"
+#include "parallel/distributed/launch_process.h"
 
 extern char** environ;
 
@@ -102,9 +102,25 @@ void on_signal(int sig) {
   errno = saved;
 }
 
+// Note [signals to the launcher]: what torchrun does with SIGINT, SIGTERM, SIGHUP (a closed
+// ssh session) and SIGQUIT: send the same signal to every worker, SIGKILL after the grace,
+// exit 128 + signal. SIGUSR1 and SIGUSR2 (Slurm's --signal, "checkpoint now") are sent on to
+// every worker and the job goes on. A signal the launcher was started with ignored (nohup,
+// a shell's `&`) stays ignored, and the workers inherit that.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+constexpr int kRelayedSignals[] = {SIGUSR1, SIGUSR2};
+
+bool is_stop_signal(int sig) {
+  return std::find(std::begin(kStopSignals), std::end(kStopSignals), sig) != std::end(kStopSignals);
+}
+bool is_relayed_signal(int sig) {
+  return std::find(std::begin(kRelayedSignals), std::end(kRelayedSignals), sig) !=
+         std::end(kRelayedSignals);
+}
+
 // The self-pipe and the handlers, for the duration of one supervision; restores what was
-// there before. SIGPIPE is ignored meanwhile so that a closed stdout (`tandem-run ... | head`)
-// does not kill the launcher and orphan the workers.
+// there before. SIGPIPE is ignored meanwhile so that a closed stdout (`tandem-run ... | head`,
+// a dropped ssh session) does not kill the launcher and orphan the workers.
 class SignalScope {
  public:
   SignalScope() {
@@ -113,22 +129,21 @@ class SignalScope {
                  "launch: cannot create a pipe: ", std::strerror(errno));
     read_fd_ = fds[0];
     g_wake_write = fds[1];
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    for (size_t i = 0; i < 2; ++i) ::sigaction(kForwarded[i], &sa, &old_[i]);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    ::sigaction(SIGCHLD, &sa, &old_[2]);
+    struct sigaction handle {};
+    handle.sa_handler = on_signal;
+    sigemptyset(&handle.sa_mask);
+    handle.sa_flags = SA_RESTART;
+    for (int sig : kStopSignals) install(sig, handle, /*unless_ignored=*/true);
+    for (int sig : kRelayedSignals) install(sig, handle, /*unless_ignored=*/true);
+    handle.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    install(SIGCHLD, handle, false);
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
-    ::sigaction(SIGPIPE, &ignore, &old_[3]);
+    pipe_was_default_ = install(SIGPIPE, ignore, false) == SIG_DFL;
   }
   ~SignalScope() {
-    for (size_t i = 0; i < 2; ++i) ::sigaction(kForwarded[i], &old_[i], nullptr);
-    ::sigaction(SIGCHLD, &old_[2], nullptr);
-    ::sigaction(SIGPIPE, &old_[3], nullptr);
+    for (const auto& [sig, old] : saved_) ::sigaction(sig, &old, nullptr);
     ::close(g_wake_write);
     ::close(read_fd_);
     g_wake_write = -1;
@@ -137,16 +152,10 @@ class SignalScope {
   SignalScope& operator=(const SignalScope&) = delete;
 
   int fd() const { return read_fd_; }
-  // What a worker resets to the default before exec: the signals this scope changed, except
-  // those the launcher itself was started with ignored, which the worker keeps ignoring as any
-  // child would.
-  sigset_t worker_defaults() const {
-    sigset_t set;
-    sigemptyset(&set);
-    const int sigs[4] = {kForwarded[0], kForwarded[1], SIGCHLD, SIGPIPE};
-    for (size_t i = 0; i < 4; ++i)
-      if (old_[i].sa_handler != SIG_IGN) sigaddset(&set, sigs[i]);
-    return set;
+  // What a worker gets back with its default action besides the handled signals: SIGPIPE,
+  // unless the launcher itself was started with it ignored.
+  std::vector<int> worker_defaults() const {
+    return pipe_was_default_ ? std::vector<int>{SIGPIPE} : std::vector<int>{};
   }
   // The signals that arrived since the last call, in order.
   std::vector<int> take() {
@@ -157,21 +166,32 @@ class SignalScope {
     return sigs;
   }
 
-  static constexpr int kForwarded[2] = {SIGINT, SIGTERM};
-
  private:
+  // Returns the disposition that was there.
+  sighandler_t install(int sig, const struct sigaction& sa, bool unless_ignored) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    if (unless_ignored && old.sa_handler == SIG_IGN) return SIG_IGN;
+    ::sigaction(sig, &sa, &old);
+    saved_.emplace_back(sig, old);
+    return old.sa_handler;
+  }
+
   int read_fd_ = -1;
-  struct sigaction old_[4]{};
+  bool pipe_was_default_ = false;
+  std::vector<std::pair<int, struct sigaction>> saved_;
 };
 
-// One worker stream through a pipe: relays complete lines, each with the rank's prefix.
+// One worker stream (a pipe, or a pseudo-terminal's master): relays complete lines, each with
+// the rank's prefix.
 struct Relay {
   int fd = -1;  // read end, non-blocking; -1 once closed
   int target = STDOUT_FILENO;
   std::string prefix;
   std::string pending;  // bytes after the last '\n'
 
-  // Reads whatever is there now; at EOF flushes a last partial line and closes.
+  // Reads whatever is there now; at EOF (EIO on a pseudo-terminal whose last slave closed)
+  // flushes a last partial line and closes.
   void pump() {
     char buf[65536];
     while (fd >= 0) {
@@ -219,11 +239,18 @@ struct Relay {
   }
 };
 
+// Note [reaped workers are never signalled]: a worker's pid is its process group's id, and
+// both can be reused by an unrelated process once the worker is reaped. So an exit is only
+// observed (waitid with WNOWAIT) and the worker stays a zombie -- its pid and group id held --
+// until the job is over; every signal to a group is sent before its leader is reaped.
 struct Worker {
   int rank = 0;
   pid_t pid = -1;
-  bool running = false;
+  bool running = false;  // started and not seen to exit
+  bool reaped = false;   // its pid may belong to another process now: never signal it
   Relay out, err;
+
+  bool signallable() const { return pid > 0 && !reaped; }
 };
 
 std::string random_hex() {
@@ -234,10 +261,17 @@ std::string random_hex() {
   return os.str();
 }
 
-// KEY=value entries of this process's environment with the contract put over them.
+// The variable that marks spawn()'s own workers: the pid of the process that spawned them.
+constexpr const char* kSpawnParentVar = "TANDEM_SPAWN_PARENT";
+
+// KEY=value entries of this process's environment with the contract put over them (and
+// `extra`, KEY=value entries of the caller's). TORCHELASTIC_USE_AGENT_STORE describes a
+// torchrun agent around the launcher, not the launcher the workers have: it is dropped, or
+// their store would move to MASTER_PORT + 1 (Note [under torchrun's own store] in env.cpp).
 std::vector<std::string> worker_environment(const LaunchOptions& o, int rank, int local_rank,
-                                            const std::string& job_id) {
-  const std::vector<std::pair<std::string, std::string>> set = {
+                                            const std::string& job_id,
+                                            const std::vector<std::string>& extra) {
+  std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(o.nproc_per_node * o.nnodes)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -245,11 +279,15 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int rank, in
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"TANDEM_JOB_ID", job_id}};
+  for (const std::string& entry : extra) {
+    const size_t eq = entry.find('=');
+    set.emplace_back(entry.substr(0, eq), eq == std::string::npos ? "" : entry.substr(eq + 1));
+  }
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
     const std::string key = entry.substr(0, entry.find('='));
-    bool replaced = false;
+    bool replaced = key == "TORCHELASTIC_USE_AGENT_STORE";
     for (const auto& [k, v] : set) replaced = replaced || key == k;
     if (!replaced) env.push_back(entry);
   }
@@ -259,82 +297,11 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int rank, in
   return env;
 }
 
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-// Starts one worker in its own process group (pgid = its pid), its stdout and stderr on fresh
-// pipes when prefixing. Returns the posix_spawn error (0 on success); exec errors are among
-// them, since glibc reports them from the child before the call returns.
-int start_worker(Worker& w, const std::string& program, bool search_path,
-                 std::vector<std::string> argv, std::vector<std::string> env, bool prefix,
-                 const sigset_t& defaults) {
-  int out[2] = {-1, -1}, err[2] = {-1, -1};
-  if (prefix) {
-    const bool ok = ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0;
-    if (!ok) {
-      const int saved = errno;
-      for (int fd : {out[0], out[1]})
-        if (fd >= 0) ::close(fd);
-      TANDEM_THROW(Dist, "launch: cannot create a pipe for rank ", w.rank, ": ",
-                   std::strerror(saved));
-    }
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (prefix) {
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  }
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  // The launcher's own dispositions (its handlers, SIGPIPE ignored) are not the worker's.
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-
-  std::vector<char*> cargv = c_strings(argv), cenv = c_strings(env);
-  pid_t pid = -1;
-  const int rc =
-      search_path
-          ? ::posix_spawnp(&pid, program.c_str(), &actions, &attr, cargv.data(), cenv.data())
-          : ::posix_spawn(&pid, program.c_str(), &actions, &attr, cargv.data(), cenv.data());
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&actions);
-  if (prefix) {
-    ::close(out[1]);
-    ::close(err[1]);
-  }
-  if (rc != 0) {
-    if (prefix) {
-      ::close(out[0]);
-      ::close(err[0]);
-    }
-    return rc;
-  }
-  w.pid = pid;
-  w.running = true;
-  if (prefix) {
-    const std::string tag = "[rank " + std::to_string(w.rank) + "] ";
-    w.out = Relay{out[0], STDOUT_FILENO, tag, {}};
-    w.err = Relay{err[0], STDERR_FILENO, tag, {}};
-    for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  }
-  return 0;
-}
-
 std::mutex g_one_launch;
 
 // launch() and spawn(): start, supervise, stop. Note [one failure stops the job].
 int run_job(LaunchOptions o, const std::string& program, bool search_path,
-            const std::vector<std::string>& argv) {
+            const std::vector<std::string>& argv, const std::vector<std::string>& extra_env = {}) {
   TANDEM_CHECK(o.nproc_per_node >= 1, Value, "launch: nproc_per_node must be >= 1, got ",
                o.nproc_per_node);
   TANDEM_CHECK(o.nnodes >= 1, Value, "launch: nnodes must be >= 1, got ", o.nnodes);
@@ -368,12 +335,13 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
   bool stopping = false, killed = false;
   int result = 0;
   Clock::time_point kill_at;
-  auto signal_groups = [&](int sig) {
+  // Only workers not yet seen to exit: Note [reaped workers are never signalled].
+  auto signal_running = [&](int sig) {
     for (const Worker& w : workers)
       if (w.running) ::kill(-w.pid, sig);
   };
   auto begin_stop = [&](int sig) {
-    signal_groups(sig);
+    signal_running(sig);
     stopping = true;
     kill_at = Clock::now() + o.grace;
   };
@@ -382,29 +350,48 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
     for (const Worker& w : workers) n += w.running ? 1 : 0;
     return n;
   };
+  auto reap_all = [&] {
+    for (Worker& w : workers)
+      if (w.signallable()) {
+        while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        w.reaped = true;
+        w.running = false;
+      }
+  };
 
+  detail::WorkerSpec spec;
+  spec.program = program;
+  spec.search_path = search_path;
+  spec.argv = argv;
+  spec.capture_output = o.prefix_output;
+  spec.reset_to_default = signals.worker_defaults();
   for (int local = 0; local < o.nproc_per_node; ++local) {
     Worker& w = workers[static_cast<size_t>(local)];
     w.rank = o.node_rank * o.nproc_per_node + local;
+    spec.env = worker_environment(o, w.rank, local, job_id, extra_env);
+    detail::WorkerOutput output;
     int rc = 0;
     try {
-      rc = start_worker(w, program, search_path, argv, worker_environment(o, w.rank, local, job_id),
-                        o.prefix_output, signals.worker_defaults());
+      rc = detail::start_worker_process(spec, w.pid, output);
     } catch (...) {
       // Out of pipes (or memory) half way: the workers already started must not outlive us.
       for (Worker& started : workers)
-        if (started.running) {
-          ::kill(-started.pid, SIGKILL);
-          ::waitpid(started.pid, nullptr, 0);
-        }
+        if (started.running) ::kill(-started.pid, SIGKILL);
+      reap_all();
       throw;
     }
     if (rc != 0) {
+      w.pid = -1;
       say("cannot run '" + argv[0] + "': " + std::strerror(rc));
       result = 127;
       begin_stop(SIGTERM);  // the ones already started
       break;
     }
+    w.running = true;
+    const std::string tag = "[rank " + std::to_string(w.rank) + "] ";
+    w.out = Relay{output.out, STDOUT_FILENO, tag, {}};
+    w.err = Relay{output.err, STDERR_FILENO, tag, {}};
   }
 
   std::vector<pollfd> fds;
@@ -412,20 +399,24 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
   while (true) {
     for (Worker& w : workers) {
       if (!w.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      siginfo_t info{};
+      const int r = ::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0 && info.si_pid == 0) continue;  // still running
       w.running = false;
-      if (r < 0) continue;  // reaped elsewhere: nothing to report
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (r < 0) {
+        w.reaped = true;  // reaped elsewhere: nothing to report, and not ours to signal
+        continue;
+      }
+      const bool exited = info.si_code == CLD_EXITED;
+      const bool ok = exited && info.si_status == 0;
       if (ok || stopping) continue;
       // Its last words (the error that made it exit) come before the launcher's line.
       w.out.pump();
       w.err.pump();
-      std::string how = WIFEXITED(status)
-                            ? "exited with code " + std::to_string(WEXITSTATUS(status))
-                            : "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-                                  signal_name(WTERMSIG(status)) + ")";
+      std::string how = exited ? "exited with code " + std::to_string(info.si_status)
+                               : "was killed by signal " + std::to_string(info.si_status) + " (" +
+                                     signal_name(info.si_status) + ")";
       say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + how +
           "; stopping the other " + std::to_string(count_running()) + " worker(s)");
       result = 1;
@@ -436,7 +427,7 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
 
     const auto now = Clock::now();
     if (stopping && !killed && now >= kill_at) {
-      signal_groups(SIGKILL);
+      signal_running(SIGKILL);
       killed = true;
     }
     int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the poll
@@ -454,11 +445,18 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
         }
     if (::poll(fds.data(), fds.size(), std::max(timeout_ms, 0)) < 0 && errno != EINTR) break;
 
+    // Note [signals to the launcher].
     for (int sig : signals.take()) {
-      if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: the reap above handles it
+      if (is_relayed_signal(sig)) {
+        say("got " + signal_name(sig) + "; forwarding it to " + std::to_string(count_running()) +
+            " worker(s)");
+        signal_running(sig);
+        continue;
+      }
+      if (!is_stop_signal(sig)) continue;  // SIGCHLD: the waitid above handles it
       if (stopping) {
         // A second Ctrl-C while stopping: no more grace.
-        signal_groups(SIGKILL);
+        signal_running(SIGKILL);
         killed = true;
         continue;
       }
@@ -479,10 +477,13 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
     w.out.close();
     w.err.close();
   }
-  // Nothing is left behind: whatever the workers started in their groups goes too.
-  if (stopping)
+  // Nothing is left behind: whatever the workers started in their groups goes too, while
+  // their leaders (zombies now) still hold the groups' ids. (Workers still running here are
+  // those of a poll() that failed: the launcher gives up on them, they go too.)
+  if (stopping || count_running() > 0)
     for (const Worker& w : workers)
-      if (w.pid > 0) ::kill(-w.pid, SIGKILL);
+      if (w.signallable()) ::kill(-w.pid, SIGKILL);
+  reap_all();
   return result;
 }
 
@@ -524,7 +525,35 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& argv) {
 
 int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
           LaunchOptions options) {
-  if (launched_by_launcher()) {
+  TANDEM_CHECK(nprocs >= 1, Value, "spawn: nprocs must be >= 1, got ", nprocs);
+  // Note [spawn inside a launcher]: a launcher's contract alone does not make this process one
+  // of spawn's workers. srun -n1, mpirun -np 1 and torchrun --nproc-per-node 1 describe a job
+  // of one process, and spawn(N) must still start N ranks there (their contract, put over the
+  // outer one, comes first in env.h's order). Only the workers spawn started -- their parent's
+  // pid in TANDEM_SPAWN_PARENT -- run fn at once. A rank of a launched job of exactly nprocs
+  // runs fn as that rank (the launcher started what spawn would have); a rank of a job of
+  // another size is refused.
+  const char* parent = std::getenv(kSpawnParentVar);
+  bool run_here = parent != nullptr && std::to_string(::getppid()) == parent;
+  if (!run_here && launched_by_launcher()) {
+    const DistEnv outer = read_dist_env();
+    if (outer.world_size > 1) {
+      const bool slurm = outer.source == "slurm", mpi = outer.source == "openmpi";
+      const std::string rank_var = slurm ? "SLURM_PROCID" : mpi ? "OMPI_COMM_WORLD_RANK" : "RANK";
+      const std::string size_var = slurm ? "SLURM_NTASKS"
+                                   : mpi ? "OMPI_COMM_WORLD_SIZE"
+                                         : "WORLD_SIZE";
+      TANDEM_CHECK(outer.world_size == nprocs, Dist, "spawn(", nprocs,
+                   "): this process is already rank ", outer.rank, " of ", outer.world_size, " (",
+                   outer.source, ": ", rank_var, "=", outer.rank, ", ", size_var, "=",
+                   outer.world_size, "); spawn(", nprocs,
+                   ") starts its ranks itself in a job of one process, ",
+                   "and is one of them only in a job of exactly ", nprocs, ": launch 1 or ", nprocs,
+                   " processes (or none)");
+      run_here = true;
+    }
+  }
+  if (run_here) {
     const char* rank_var = std::getenv("RANK");
     std::string rank = rank_var ? rank_var : "?";
     try {
@@ -538,7 +567,6 @@ int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
       return 1;
     }
   }
-  TANDEM_CHECK(nprocs >= 1, Value, "spawn: nprocs must be >= 1, got ", nprocs);
   options.nproc_per_node = nprocs;
   options.nnodes = 1;
   options.node_rank = 0;
@@ -551,7 +579,8 @@ int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
   exe[n] = '\0';
   std::vector<std::string> argv = own_argv();
   if (argv.empty()) argv.push_back(exe);
-  return run_job(options, exe, /*search_path=*/false, argv);
+  return run_job(options, exe, /*search_path=*/false, argv,
+                 {std::string(kSpawnParentVar) + "=" + std::to_string(::getpid())});
 }
 
 }  // namespace tandem::parallel::distributed

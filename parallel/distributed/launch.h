@@ -15,20 +15,32 @@
 // collective until their timeout. The launcher does not wait for that: as soon as one worker
 // exits non-zero or is killed, it prints one line naming the rank, its pid and its exit code
 // (or signal), sends SIGTERM to every other worker's process group, SIGKILL after `grace`,
-// reaps them all and returns 1. Each worker runs in its own process group, so whatever the
-// worker started dies with it, and Ctrl-C in a terminal reaches the launcher alone, which
-// forwards it (SIGINT/SIGTERM to the launcher go to every worker, then the same grace and
-// SIGKILL; the launcher returns 130/143, as a shell would).
+// and returns 1. Each worker runs in its own process group, so whatever the worker started
+// dies with it, and Ctrl-C in a terminal reaches the launcher alone, which forwards it. A
+// worker's pid is signalled only while the launcher has not reaped it (Note [reaped workers
+// are never signalled] in launch.cpp): a reused pid is never hit.
 //
-// Output: with prefix_output, each worker's stdout and stderr go through a pipe and the
-// launcher relays whole lines, each as "[rank N] line", to its own stdout and stderr; a last
-// line without '\n' is flushed at EOF. Without it, workers write to the launcher's streams
-// directly.
+// Signals (Note [signals to the launcher] in launch.cpp): SIGINT, SIGTERM, SIGHUP and SIGQUIT
+// go to every worker's process group, then the same grace and SIGKILL, and the launcher
+// returns 128 + the signal (130, 143, 129, 131), as torchrun does; a second one while
+// stopping kills at once. SIGUSR1 and SIGUSR2 go to every worker's process group and the job
+// goes on (Slurm's --signal, "checkpoint now"). A signal the launcher was started with ignored
+// (nohup) stays ignored, in the workers too. A launcher killed outright (SIGKILL, the OOM
+// killer) takes its workers with it: each worker has SIGKILL as its parent-death signal (Note
+// [workers die with the launcher] in launch_process.h).
 //
-// Workers are started with posix_spawn (a vfork and an exec): the launcher's memory is never
-// duplicated and nothing runs in the child before exec, so calling these from a process that
-// already uses CUDA or threads is safe. One launch()/spawn() at a time per process (they
-// install signal handlers for their duration and restore them on return).
+// Output: with prefix_output, each worker's stdout and stderr come back to the launcher, which
+// relays whole lines, each as "[rank N] line", to its own stdout and stderr; a last line
+// without '\n' is flushed at EOF. The worker's stdout is a pseudo-terminal, so that C stdio,
+// iostreams and Python line-buffer it and the ranks' lines arrive as they are printed, not at
+// exit (Note [line-buffered workers] in launch_process.h; isatty(1) is true in a worker, as
+// under mpirun); its stderr is a pipe. Without prefix_output, workers write to the launcher's
+// streams directly.
+//
+// Workers are started with vfork and exec: the launcher's memory is never duplicated and the
+// child makes only system calls before exec, so calling these from a process that already
+// uses CUDA or threads is safe. One launch()/spawn() at a time per process (they install
+// signal handlers for their duration and restore them on return).
 #include <chrono>
 #include <functional>
 #include <string>
@@ -54,8 +66,9 @@ struct LaunchOptions {
 
 // Starts nproc_per_node copies of argv (argv[0] resolved through PATH), supervises them and
 // returns the launcher's exit code: 0 when every worker exited 0; 1 after a failure (Note [one
-// failure stops the job]); 130/143 after SIGINT/SIGTERM; 127 when argv[0] cannot be run
-// ("tandem-run: cannot run 'prog': No such file or directory", nothing left running). Throws
+// failure stops the job]); 128 + the signal after SIGINT, SIGTERM, SIGHUP or SIGQUIT; 127 when
+// argv[0] cannot be run ("tandem-run: cannot run 'prog': No such file or directory", nothing
+// left running). Throws
 // ValueError for bad options (counts < 1, node_rank outside [0, nnodes), a port outside
 // 1..65535, an empty argv) and DistError when no free port or pipe can be had.
 int launch(const LaunchOptions& options, const std::vector<std::string>& argv);
@@ -64,14 +77,20 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& argv);
 // before it is used; the store then fails to bind with an error that names it.
 int free_port();
 
-// mp.spawn. In a worker (the environment holds a launcher's contract, launched_by_launcher()
-// in env.h) runs fn(rank, world_size) from that contract and returns 0, or prints
-// "rank R: error: what" to stderr and returns 1 when fn throws. Otherwise re-executes this
-// program (/proc/self/exe, the same argv) nprocs times as a standalone one-node job -- only
-// options.run_id, grace and prefix_output are used -- and supervises the workers exactly like
-// launch(), returning its exit code. The program calls it first thing, before touching CUDA:
+// mp.spawn: re-executes this program (/proc/self/exe, the same argv) nprocs times as a
+// standalone one-node job -- only options.run_id, grace and prefix_output are used --
+// supervises the workers exactly like launch() and returns its exit code. In each of those
+// workers it runs fn(rank, world_size) from the contract and returns 0, or prints
+// "rank R: error: what" to stderr and returns 1 when fn throws. The program calls it first
+// thing, before touching CUDA:
 //
 //   int main() { return spawn(2, [](int rank, int world) { ... }); }
+//
+// Inside another launcher's environment (Note [spawn inside a launcher] in launch.cpp): a job
+// of one process (srun -n1, mpirun -np 1, torchrun --nproc-per-node 1) still gets nprocs
+// ranks; a rank of a launched job of exactly nprocs runs fn as that rank (the launcher has
+// started them); a rank of a job of another size is a DistError naming the launcher's
+// variables. ValueError when nprocs < 1.
 int spawn(int nprocs, const std::function<void(int rank, int world_size)>& fn,
           LaunchOptions options = {});
 

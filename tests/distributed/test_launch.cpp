@@ -22,6 +22,8 @@
 
 #include "core/error.h"
 #include "data/data_test_util.h"
+#include "distributed/launch_test_util.h"
+#include "parallel/distributed/env.h"
 #include "parallel/distributed/launch.h"
 
 extern char** environ;
@@ -30,118 +32,7 @@ using namespace tandem;
 using namespace tandem::parallel::distributed;
 using tandem::test::check_throws_containing;
 using tandem::test::TempDir;
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
-// A started process whose stdout and stderr go to files of a scratch directory.
-struct Child {
-  pid_t pid = -1;
-  std::string out_path, err_path;
-  Clock::time_point started;
-};
-
-struct Finished {
-  int code = -1;  // exit code, or 128 + signal
-  std::string out, err;
-  double seconds = 0;
-};
-
-Child start(const std::vector<std::string>& args, const TempDir& dir,
-            const std::vector<std::string>& extra_env = {}) {
-  static int serial = 0;
-  Child c;
-  c.out_path = dir.file("out" + std::to_string(serial));
-  c.err_path = dir.file("err" + std::to_string(serial++));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, c.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 2, c.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  std::vector<std::string> argv = args, env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  env.insert(env.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> cargv, cenv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  for (auto& e : env) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-  c.started = Clock::now();
-  const int rc = posix_spawn(&c.pid, argv[0].c_str(), &actions, nullptr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return c;
-}
-
-Finished finish(const Child& c, double timeout_s = 15) {
-  Finished f;
-  int status = 0;
-  while (true) {
-    const pid_t r = waitpid(c.pid, &status, WNOHANG);
-    REQUIRE(r >= 0);
-    if (r == c.pid) break;
-    if (Clock::now() - c.started > std::chrono::duration<double>(timeout_s)) {
-      kill(c.pid, SIGKILL);
-      waitpid(c.pid, &status, 0);
-      FAIL("the process ran past " << timeout_s << " s");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  f.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
-  f.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  f.out = read_text(c.out_path);
-  f.err = read_text(c.err_path);
-  return f;
-}
-
-// True while pid names a live process (a zombie waiting for its parent counts as gone).
-bool alive(pid_t pid) {
-  if (kill(pid, 0) != 0) return false;
-  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
-
-// Waits up to 2 s for the process to be gone (the init process reaps orphans asynchronously).
-bool gone_soon(pid_t pid) {
-  for (int i = 0; i < 200 && alive(pid); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return !alive(pid);
-}
-
-void wait_for_file(const std::string& path) {
-  for (int i = 0; i < 1000 && !std::filesystem::exists(path); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  REQUIRE(std::filesystem::exists(path));
-}
-
-pid_t pid_in(const std::string& path) {
-  return static_cast<pid_t>(std::stol(read_text(path)));
-}
-
-}  // namespace
+using namespace tandem::test::launch_util;
 
 TEST_CASE("launch: bad options are ValueErrors", "[dist]") {
   check_throws_containing<ValueError>([] { launch({.nproc_per_node = 0}, {"true"}); },
@@ -380,19 +271,32 @@ TEST_CASE("tandem-run: a program that does not exist", "[dist]") {
 #endif  // TANDEM_RUN_PATH
 
 // spawn() re-executes the running binary, so this test binary is its own worker program: the
-// hidden case below is what the re-executed copies run.
+// hidden case below is what the re-executed copies run. TANDEM_SPAWN_TEST_NPROCS sets nprocs
+// (default 2); an error from spawn itself is printed as "spawn error: ..." with exit code 3.
 TEST_CASE("launch: spawn child", "[.spawn_child]") {
   const char* dir = std::getenv("TANDEM_SPAWN_TEST_DIR");
   const bool fail = std::getenv("TANDEM_SPAWN_TEST_FAIL") != nullptr;
+  const char* nprocs = std::getenv("TANDEM_SPAWN_TEST_NPROCS");
   REQUIRE(dir);
-  const int rc = spawn(2,
-                       [&](int rank, int world) {
-                         std::ofstream(std::string(dir) + "/rank" + std::to_string(rank))
-                             << rank << " " << world << " " << std::getenv("TANDEM_JOB_ID");
-                         if (fail && rank == 1) throw std::runtime_error("boom");
-                       },
-                       {.grace = std::chrono::milliseconds(1000)});
-  const bool worker = std::getenv("RANK") != nullptr;
+  bool worker = false;  // fn ran in this process
+  int rc = 0;
+  try {
+    rc = spawn(nprocs ? std::atoi(nprocs) : 2,
+               [&](int rank, int world) {
+                 worker = true;
+                 const char* job = std::getenv("TANDEM_JOB_ID");
+                 const char* port = std::getenv("MASTER_PORT");
+                 // rank, world, job id, the store's port, MASTER_PORT
+                 std::ofstream(std::string(dir) + "/rank" + std::to_string(rank))
+                     << rank << " " << world << " " << (job ? job : "-") << " "
+                     << read_dist_env().master_port << " " << (port ? port : "-");
+                 if (fail && rank == 1) throw std::runtime_error("boom");
+               },
+               {.grace = std::chrono::milliseconds(1000)});
+  } catch (const std::exception& e) {
+    std::cout << "spawn error: " << e.what() << std::endl;
+    std::_Exit(3);
+  }
   std::cout << "spawn rc=" << rc << (worker ? " worker" : " parent") << std::endl;
   // A worker ends here as `return spawn(...)` from main would.
   if (worker) std::_Exit(rc);
@@ -400,9 +304,8 @@ TEST_CASE("launch: spawn child", "[.spawn_child]") {
 
 TEST_CASE("launch: spawn re-executes the program as its workers", "[dist]") {
   TempDir dir;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   SECTION("every rank runs the function") {
-    const Finished f = finish(start({self, "launch: spawn child"}, dir,
+    const Finished f = finish(start(catch_case("launch: spawn child"), dir,
                                     {"TANDEM_SPAWN_TEST_DIR=" + dir.path().string()}));
     INFO("stdout:\n" << f.out << "stderr:\n" << f.err);
     CHECK(f.code == 0);
@@ -416,7 +319,7 @@ TEST_CASE("launch: spawn re-executes the program as its workers", "[dist]") {
   }
   SECTION("an exception in one rank stops the job") {
     const Finished f =
-        finish(start({self, "launch: spawn child"}, dir,
+        finish(start(catch_case("launch: spawn child"), dir,
                      {"TANDEM_SPAWN_TEST_DIR=" + dir.path().string(), "TANDEM_SPAWN_TEST_FAIL=1"}));
     INFO("stdout:\n" << f.out << "stderr:\n" << f.err);
     CHECK(f.err.find("[rank 1] rank 1: error: boom") != std::string::npos);
