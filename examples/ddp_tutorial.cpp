@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   examples::Args args(
       "ddp_tutorial",
       "PyTorch's DDP tutorial with tandem: LeNet on Fashion-MNIST, one process per device.");
-  args.option("nprocs", "2", "processes to start when no launcher started this one");
+  args.option("nprocs", "2", "processes to start (under a launcher of several processes: its world size)");
   args.option("data", data::kFashionMnistDefaultDir, "folder with the Fashion-MNIST IDX files");
   args.option("device", "auto",
               "auto|cuda|cpu: cuda gives each process its LOCAL_RANK's GPU (nccl), cpu uses gloo");
@@ -127,6 +127,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddp_tutorial: %s\n", e.what());
     return 2;
   }
-  return dist::spawn(static_cast<int>(f.nprocs),
+  // Under a launcher that started several processes, this process is one rank of that job:
+  // its world size is the number of ranks, whatever --nprocs says.
+  int nprocs = static_cast<int>(f.nprocs);
+  if (dist::launched_by_launcher()) {
+    const int world = dist::read_dist_env().world_size;
+    if (world > 1) nprocs = world;
+  }
+  return dist::spawn(nprocs,
                      [&f](int rank, int world_size) { demo_basic(rank, world_size, f); });
 }
