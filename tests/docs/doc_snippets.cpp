@@ -50,12 +50,13 @@ std::string trim(const std::string& s) {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-// A fence: up to three spaces, then three or more ` or ~. Returns its length (0: not a fence)
-// and sets `indent`, `ch` and `info` (the rest of the line, trimmed).
+// A fence: spaces, then three or more ` or ~. Returns its length (0: not a fence) and sets
+// `indent`, `ch` and `info` (the rest of the line, trimmed). Any indentation counts (CommonMark
+// allows three spaces, more inside a list item): a block is never skipped for its indentation.
 size_t fence_of(const std::string& line, size_t& indent, char& ch, std::string& info) {
   indent = 0;
-  while (indent < line.size() && indent < 4 && line[indent] == ' ') ++indent;
-  if (indent > 3 || indent >= line.size() || (line[indent] != '`' && line[indent] != '~')) return 0;
+  while (indent < line.size() && line[indent] == ' ') ++indent;
+  if (indent >= line.size() || (line[indent] != '`' && line[indent] != '~')) return 0;
   ch = line[indent];
   size_t n = 0;
   while (indent + n < line.size() && line[indent + n] == ch) ++n;
