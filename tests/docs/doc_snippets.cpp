@@ -33,6 +33,7 @@ enum class Kind { Statements, Declarations, Members, Fragment };
 struct Snippet {
   std::string file;  // relative to the root, e.g. "docs/04-lenet.md"
   int fence_line;    // 1-based line of the opening fence
+  int marker_line = 0;  // the marker's line, 0 without one
   Kind kind = Kind::Statements;
   std::string params;  // statements(...): the function's parameters; members(...): the class's data
   std::string reason;  // fragment (...): why it is not compiled
@@ -165,6 +166,7 @@ void extract(const fs::path& root, const fs::path& path, std::vector<Snippet>& o
     }
     if (is_cpp_info(info)) {
       Snippet s = pending ? next : Snippet{};
+      if (pending) s.marker_line = marker_line;
       s.file = rel;
       s.fence_line = lineno;
       for (size_t k = i + 1; k < close; ++k) {
@@ -205,10 +207,15 @@ std::string translation_unit(const Snippet& s) {
     }
   }
   if (!any_include) tu << "#include <tandem/tandem.h>\n";
-  tu << "using namespace tandem;\n";
+  // What the wrapper adds is one line, numbered as the marker's: an error in the marker's
+  // parameters or members is reported there. (namespace tandem {} lets a block that includes
+  // only standard headers compile too.)
+  tu << "#line " << (s.marker_line > 0 ? s.marker_line : s.fence_line) << " \"" << s.file << "\"\n"
+     << "namespace tandem {} using namespace tandem;";
   if (s.kind == Kind::Statements)
-    tu << "[[maybe_unused]] static void tandem_doc_snippet(" << s.params << ") {\n";
-  if (s.kind == Kind::Members) tu << "struct tandem_doc_snippet {\n  " << s.params << ";\n";
+    tu << " [[maybe_unused]] static void tandem_doc_snippet(" << s.params << ") {";
+  if (s.kind == Kind::Members) tu << " struct tandem_doc_snippet { " << s.params << ";";
+  tu << "\n";
   tu << "#line " << (s.fence_line + 1) << " \"" << s.file << "\"\n";
   for (const std::string& l : body) tu << l << "\n";
   if (s.kind == Kind::Statements) tu << "}\n";
