@@ -1,6 +1,6 @@
 #pragma once
-// Everything in nn/: modules, layers, losses, initialization, optimizers and models, plus the
-// differentiable ops and grad mode they are used with.
+// Everything in nn/: modules, layers, losses, initialization, optimizers, learning-rate
+// schedulers, models and checkpoints, plus the differentiable ops and grad mode they are used with.
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "nn/activation.h"
@@ -15,6 +15,7 @@
 #include "nn/models/resnet.h"
 #include "nn/module.h"
 #include "nn/optim/adam.h"
+#include "nn/optim/lr_scheduler.h"
 #include "nn/optim/optimizer.h"
 #include "nn/optim/sgd.h"
 #include "nn/pooling.h"
