@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -198,6 +199,20 @@ size_t capture_memory_end(CaptureMemory& record) {
   return held;
 #else
   return 0;
+#endif
+}
+
+// The blocks allocated during the record's capture that live tensors still hold (after
+// capture_memory_end, their frees are ordinary cudaFreeAsync calls: right once a launch of the
+// graph has made them real, Note [a refused capture's memory] in core/cuda_graph.h; otherwise
+// capture_memory_abandon drops them). Declared where it is used, in core/cuda_graph.cpp.
+std::vector<std::pair<void*, size_t>> capture_memory_held(const CaptureMemory& record) {
+#ifdef TANDEM_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  return {record.graph_blocks.begin(), record.graph_blocks.end()};
+#else
+  (void)record;
+  return {};
 #endif
 }
 

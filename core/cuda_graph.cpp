@@ -1,6 +1,8 @@
 #include "core/cuda_graph.h"
 
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -11,6 +13,10 @@
 
 namespace tandem {
 
+// In core/allocator.cpp, beside the capture record (Note [allocation under graph capture]); only
+// CUDAGraph uses it: the blocks allocated during the record's capture that tensors still hold.
+std::vector<std::pair<void*, size_t>> capture_memory_held(const CaptureMemory& record);
+
 CUDAGraph::~CUDAGraph() {
   capture_abort();
   reset();
@@ -18,11 +24,65 @@ CUDAGraph::~CUDAGraph() {
 
 #ifdef TANDEM_WITH_CUDA
 
+namespace {
+
+// Note [a refused capture's memory] (cuda_graph.h): a graph allocation exists only once the
+// graph runs, and one that the graph does not free itself outlives the graph (destroying a
+// graph frees no live graph allocation; cudaFreeAsync frees it like any block). So the refused
+// graph is launched once with every node that does work switched off -- only its allocation
+// and free nodes run -- which makes the kept blocks ordinary memory that their tensors free
+// as usual; they are then zeroed. False (nothing launched) when the graph holds work that
+// cannot be switched off (a host function, a child graph) or a call fails.
+bool back_kept_memory(cudaGraph_t graph, cudaStream_t stream, const std::vector<std::pair<void*, size_t>>& kept) {
+  size_t n = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return false;
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0 && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return false;
+  std::vector<cudaGraphNode_t> work;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return false;
+    switch (type) {
+      case cudaGraphNodeTypeKernel:
+      case cudaGraphNodeTypeMemcpy:
+      case cudaGraphNodeTypeMemset:
+        work.push_back(node);
+        break;
+      case cudaGraphNodeTypeMemAlloc:
+      case cudaGraphNodeTypeMemFree:
+      case cudaGraphNodeTypeEmpty:
+      case cudaGraphNodeTypeWaitEvent:
+      case cudaGraphNodeTypeEventRecord:
+        break;
+      default:
+        return false;
+    }
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiateWithFlags(&exec, graph, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  bool ok = true;
+  for (cudaGraphNode_t node : work) ok = ok && cudaGraphNodeSetEnabled(exec, node, 0) == cudaSuccess;
+  ok = ok && cudaGraphLaunch(exec, stream) == cudaSuccess;
+  TANDEM_CUDA_CHECK_LOG(cudaGraphExecDestroy(exec));  // released once the launch is done
+  if (!ok) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  for (const auto& [q, nbytes] : kept) TANDEM_CUDA_CHECK(cudaMemsetAsync(q, 0, nbytes, stream));
+  return true;
+}
+
+}  // namespace
+
 void CUDAGraph::capture_begin(Device device) {
   TANDEM_CHECK(device.is_cuda(), Device, "CUDAGraph: capture needs a CUDA device, got ", device.str());
   TANDEM_CHECK(!capturing_, Value, "CUDAGraph: capture_begin while a capture is under way");
   check_device_exists(device);
   reset();
+  unbacked_bytes_ = 0;
   DeviceGuard guard(device);
   device_ = device;
   auto stream = current_cuda_stream(device);
@@ -53,16 +113,23 @@ void CUDAGraph::capture_end() {
     if (graph != nullptr) cudaGraphDestroy(graph);
     capture_memory_abandon(*memory_);
     memory_.reset();
+    unbacked_bytes_ = held;
     TANDEM_THROW(Cuda, "CUDAGraph: capture on ", device_.str(), " failed: ", cudaGetErrorName(err),
                  " (", cudaGetErrorString(err), ")");
   }
   if (held != 0) {
+    // Note [a refused capture's memory]: the tensors that keep those blocks get real memory.
+    const bool backed = back_kept_memory(graph, stream, capture_memory_held(*memory_));
     cudaGraphDestroy(graph);
-    capture_memory_abandon(*memory_);
-    memory_.reset();
+    if (!backed) {
+      capture_memory_abandon(*memory_);
+      unbacked_bytes_ = held;
+    }
+    memory_.reset();  // frees, in stream order, what the capture kept for the graph
     TANDEM_THROW(Error, "CUDAGraph: the captured work on ", device_.str(), " left ", held,
-                 " bytes allocated during the capture in use after it; a replay would reuse "
-                 "them (create state before capturing: Note [graph-safe steps] in core/cuda_graph.h)");
+                 " bytes allocated during the capture in use after it, so it was not kept (a replay would "
+                 "reuse them; ", backed ? "they are zeroed memory now, none of the work ran" : "they never existed",
+                 "; create state before capturing: Note [graph-safe steps] in core/cuda_graph.h)");
   }
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
   cudaGraphExec_t exec = nullptr;
@@ -85,6 +152,7 @@ void CUDAGraph::capture_abort() noexcept {
   if (graph != nullptr) cudaGraphDestroy(graph);
   (void)cudaGetLastError();
   capturing_ = false;
+  unbacked_bytes_ = capture_memory_end(*memory_);  // no graph: what tensors still hold never existed
   capture_memory_abandon(*memory_);
   memory_.reset();
 }
@@ -127,10 +195,13 @@ bool is_current_stream_capturing(Device) { return false; }
 
 #endif
 
-StepGraph::StepGraph(StepFn step, Options options)
-    : step_(std::move(step)), options_(options), warmup_left_(options.warmup_steps) {
+StepGraph::StepGraph(StepFn step, Options options) : StepGraph(std::move(step), options, std::make_unique<CUDAGraph>()) {}
+
+StepGraph::StepGraph(StepFn step, Options options, std::unique_ptr<CUDAGraph> graph)
+    : step_(std::move(step)), options_(options), warmup_left_(options.warmup_steps), graph_(std::move(graph)) {
   TANDEM_CHECK(options.warmup_steps >= 0, Value, "StepGraph: warmup_steps must be >= 0, got ",
                options.warmup_steps);
+  TANDEM_CHECK(graph_ != nullptr, Value, "StepGraph: no graph");
 }
 
 bool StepGraph::matches(const std::vector<Tensor>& inputs) const {
@@ -158,12 +229,12 @@ bool StepGraph::same_fixed(const std::vector<Tensor>& fixed) const {
   return true;
 }
 
-void StepGraph::invalidate() noexcept { graph_.reset(); }
+void StepGraph::invalidate() noexcept { graph_->reset(); }
 
 void StepGraph::disable(std::string reason) {
   disabled_ = true;
   reason_ = std::move(reason);
-  graph_.reset();
+  graph_->reset();
   fixed_.clear();
 }
 
@@ -181,15 +252,15 @@ void StepGraph::run_eagerly(const std::vector<Tensor>& inputs, const std::vector
 }
 
 void StepGraph::operator()(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed) {
-  const bool cuda = !inputs.empty() && inputs[0].defined() && inputs[0].device().is_cuda();
-  if (!cuda || disabled_ || !options_.enabled) return run_eagerly(inputs, fixed);
+  const bool capturable = !inputs.empty() && inputs[0].defined() && graph_->can_capture(inputs[0].device());
+  if (!capturable || disabled_ || !options_.enabled) return run_eagerly(inputs, fixed);
   // After the first capture the graph's input shapes are fixed: other shapes (the last batch
   // of an epoch) run eagerly, also when a capture is due, so it is never taken on them.
   const bool shaped = static_inputs_.empty() || matches(inputs);
-  if (shaped && graph_.captured() && !same_fixed(fixed)) graph_.reset();  // warmed up: capture again
-  if (shaped && graph_.captured()) {
+  if (shaped && graph_->captured() && !same_fixed(fixed)) graph_->reset();  // warmed up: capture again
+  if (shaped && graph_->captured()) {
     for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
-    graph_.replay();
+    graph_->replay();
     ++replays_;
     return;
   }
@@ -203,28 +274,37 @@ void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Ten
     for (const Tensor& t : inputs) static_inputs_.push_back(empty(t.shape(), t.dtype(), t.device()));
   }
   for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
-  const auto fall_back = [&](const std::exception& e) {
+  // Note [a refused capture's memory] (cuda_graph.h): any refusal turns the graph off for good.
+  // Capturing again would be worse than useless: state the step made lazily during this
+  // capture exists now, so the next capture would keep nothing new, be accepted, and replay
+  // on memory whose contents no step ever computed.
+  const auto refuse = [&](const std::exception& e) {
+    const size_t unbacked = graph_->unbacked_bytes();
     disable(std::string("the step could not be captured: ") + e.what());
     std::fprintf(stderr, "tandem: CUDA graph off, steps run eagerly: %s\n", reason_.c_str());
+    TANDEM_CHECK(unbacked == 0, Error, "StepGraph: ", reason_, "; and the step keeps ", unbacked,
+                 " bytes it allocated during that capture, memory that never existed, so it cannot run "
+                 "eagerly either: create the step's state before capturing (warm-up steps, Note "
+                 "[graph-safe steps] in core/cuda_graph.h)");
     run_eagerly(inputs, fixed);  // the captured work never ran: this batch still gets its step
   };
-  graph_.capture_begin(inputs[0].device());
+  graph_->capture_begin(inputs[0].device());
   try {
     step_(joined(static_inputs_, fixed));
   } catch (const std::exception& e) {
-    graph_.capture_abort();
-    fall_back(e);
+    graph_->capture_abort();
+    refuse(e);
     return;
   }
   try {
-    graph_.capture_end();
-  } catch (const CudaError& e) {
-    fall_back(e);
+    graph_->capture_end();
+  } catch (const std::exception& e) {  // a failed capture (CudaError) or a refused one (Error)
+    refuse(e);
     return;
   }
   fixed_ = fixed;
   ++captures_;
-  graph_.replay();  // capturing ran nothing: this replay is the batch's step
+  graph_->replay();  // capturing ran nothing: this replay is the batch's step
   ++replays_;
 }
 

@@ -17,7 +17,9 @@
 // momentum buffers, cuDNN plans, cuBLAS workspaces -- exists before the capture), then one
 // capture, then replays. A step whose inputs change shape (the last, smaller batch of an
 // epoch) runs eagerly and leaves the graph as it is; a step that cannot be captured (it
-// synchronizes the host, say) runs eagerly from then on, with a one-line reason on stderr.
+// synchronizes the host, say) or whose capture is refused (it keeps memory made during it)
+// runs eagerly from then on, with a one-line reason on stderr, and is never captured again
+// (Note [a refused capture's memory]).
 //
 // Note [graph-safe steps]: a captured step replays kernels, not host code. The step given to
 // StepGraph must therefore, after its warm-up steps, change no host state that its kernels
@@ -30,6 +32,18 @@
 // synchronize: capture fails, eager from then).
 // What it writes for the caller goes into tensors it owns, created before the capture, or
 // into fixed tensors (below).
+//
+// Note [a refused capture's memory]: memory a tensor gets during a capture is a graph
+// allocation, which exists only while the graph runs. A capture whose work leaves such a
+// tensor alive (state made lazily inside the step, an output kept) is refused; before that
+// the block is made ordinary memory (the graph is launched once with all its work switched off:
+// only its allocation nodes run) and zeroed, so the tensor is as if made by zeros() outside
+// the capture, and freed as usual when it goes. None of the captured work ran: a StepGraph
+// then runs the batch's step eagerly and every later one too -- a second capture would find
+// the lazily made state already there, be accepted, and replay on zeros that no step computed
+// (warm up instead: Note [graph-safe steps]). When the capture failed outright (a CudaError,
+// an exception inside the step) there is no graph to launch: what a tensor kept from it never
+// existed (unbacked_bytes()), and StepGraph throws an Error rather than run a step on it.
 //
 // Note [fixed tensors of a step]: the inputs of a step are copied into the graph's buffers
 // before each replay; tensors that the step reads or writes in place -- the dataset it
@@ -52,27 +66,40 @@ class CaptureMemory;
 class CUDAGraph {
  public:
   CUDAGraph() = default;
-  ~CUDAGraph();
+  virtual ~CUDAGraph();
   CUDAGraph(const CUDAGraph&) = delete;
   CUDAGraph& operator=(const CUDAGraph&) = delete;
 
+  // The methods are virtual only so that a test can hand StepGraph a stand-in that drives its
+  // state machine on the CPU; tandem has one implementation.
+  //
+  // Whether work on `device` can be captured: CUDA devices.
+  virtual bool can_capture(Device device) const { return device.is_cuda(); }
   // Starts capturing what this thread enqueues on the current stream of `device` (a CUDA
   // device; DeviceError otherwise, and in a build without CUDA). Replaces a previous graph.
-  void capture_begin(Device device);
+  virtual void capture_begin(Device device);
   // Ends the capture and instantiates the graph. Throws CudaError when the capture failed (an
   // operation that cannot be captured was enqueued) and Error when memory allocated during
   // the capture is still held by a tensor (Note [graph-safe steps]); the graph is empty then.
-  void capture_end();
+  // Such a tensor is not left on memory that does not exist: its block becomes ordinary,
+  // zeroed memory and none of the captured work runs (Note [a refused capture's memory]) --
+  // unless the graph holds work that cannot be switched off (see unbacked_bytes()).
+  virtual void capture_end();
   // Ends a capture without keeping it (after an exception inside the captured code).
-  void capture_abort() noexcept;
+  virtual void capture_abort() noexcept;
   // Launches the graph on the stream it was captured on. ValueError when nothing is captured.
-  void replay() const;
+  virtual void replay() const;
   // Drops the graph (and the memory it kept alive).
-  void reset() noexcept;
+  virtual void reset() noexcept;
 
-  bool captured() const { return exec_ != nullptr; }
+  virtual bool captured() const { return exec_ != nullptr; }
   bool capturing() const { return capturing_; }
   size_t num_nodes() const { return num_nodes_; }
+  // Bytes that tensors made during the last capture still hold although that memory never
+  // existed: the capture failed (capture_abort, or a CudaError from capture_end), or was
+  // refused with work that cannot be switched off, so its allocations were never made real. Such a tensor must not be used (it is an illegal address
+  // on the device); dropping it is harmless. 0 after a successful or a refused capture.
+  virtual size_t unbacked_bytes() const { return unbacked_bytes_; }
 
  private:
   Device device_{};
@@ -80,6 +107,7 @@ class CUDAGraph {
   void* exec_ = nullptr;    // cudaGraphExec_t
   bool capturing_ = false;
   size_t num_nodes_ = 0;
+  size_t unbacked_bytes_ = 0;
   std::shared_ptr<CaptureMemory> memory_;
 };
 
@@ -97,12 +125,16 @@ class StepGraph {
   };
   explicit StepGraph(StepFn step) : StepGraph(std::move(step), Options{}) {}
   StepGraph(StepFn step, Options options);
+  // With another capture than CUDAGraph's own (a test's stand-in).
+  StepGraph(StepFn step, Options options, std::unique_ptr<CUDAGraph> graph);
 
   // One step on `inputs` (and `fixed`: Note [fixed tensors of a step]): eagerly on a CPU
   // device, during warm-up, when disabled and when the inputs' shapes, dtypes or device differ
   // from the captured ones; else by copying them into the graph's input buffers and replaying
   // (after capturing again when `fixed` are not the captured tensors). Work is enqueued on the
-  // current stream only: no host synchronization.
+  // current stream only: no host synchronization. A failed or refused capture disables the
+  // graph and runs the step eagerly; Error when the step keeps memory that a failed capture
+  // never made (Note [a refused capture's memory]).
   void operator()(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed = {});
 
   // The next step captures again (a value captured into a kernel argument has changed).
@@ -110,13 +142,13 @@ class StepGraph {
   // Every later step runs eagerly; `reason` is kept for eager_reason().
   void disable(std::string reason);
 
-  bool replaying() const { return graph_.captured() && !disabled_; }
+  bool replaying() const { return graph_->captured() && !disabled_; }
   // Why steps run eagerly (empty while the graph is used or still warming up).
   const std::string& eager_reason() const { return reason_; }
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t eager_steps() const { return eager_; }
-  size_t num_nodes() const { return graph_.num_nodes(); }
+  size_t num_nodes() const { return graph_->num_nodes(); }
 
  private:
   bool matches(const std::vector<Tensor>& inputs) const;
@@ -129,7 +161,7 @@ class StepGraph {
   int warmup_left_;
   bool disabled_ = false;
   std::string reason_;
-  CUDAGraph graph_;
+  std::unique_ptr<CUDAGraph> graph_;
   std::vector<Tensor> static_inputs_;
   std::vector<Tensor> fixed_;  // the fixed tensors of the capture
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;

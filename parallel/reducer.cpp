@@ -79,7 +79,12 @@ Reducer::~Reducer() {
 }
 
 void Reducer::prepare_for_backward() {
+  attach_grads();
   in_backward_ = false;
+  armed_ = true;
+}
+
+void Reducer::attach_grads() {
   for (Bucket& bucket : buckets_) {
     bool none_attached = true;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -104,7 +109,7 @@ void Reducer::on_gradient(size_t i, const Tensor& grad) {
     view.copy_(grad);
     params_[i].set_grad(view);
   }
-  if (!require_sync_) return;
+  if (!armed_) return;  // Note [the forward arms the reducer]: a local backward
   if (!in_backward_) {
     // The first gradient of this backward: reset the countdown and ask autograd to call us
     // once the whole pass is done.
@@ -141,6 +146,7 @@ void Reducer::launch_ready() {
 
 void Reducer::finish_backward() {
   in_backward_ = false;
+  armed_ = false;  // the next backward is reduced only if a forward arms it again
   std::vector<size_t> unused;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) unused.push_back(i);

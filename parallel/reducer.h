@@ -16,7 +16,9 @@
 //      earlier layers' gradients (overlap);
 //   4. buckets are launched strictly in bucket order, on every rank the same (a bucket that is
 //      ready early waits for the ones before it), which is what collective engines require;
-//   5. at the end of backward (autograd::queue_callback) what is left is launched and every
+//   5. only a backward armed by prepare_for_backward is reduced (Note [the forward arms the
+//      reducer]); others accumulate locally;
+//   6. at the end of backward (autograd::queue_callback) what is left is launched and every
 //      reduction is waited for — stream-ordered on GPUs, so the optimizer step that follows
 //      runs after the reductions without the host ever waiting.
 //
@@ -59,14 +61,24 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Before a forward whose backward should be reduced: attaches the bucket views as .grad
-  // again where something (zero_grad) cleared them, zeroing them — one fill per bucket when
-  // the whole bucket was cleared.
+  // Note [the forward arms the reducer]: a backward is reduced only when it was armed, as in
+  // PyTorch (DDP's forward calls its Reducer's prepare_for_backward under grad mode and outside
+  // no_sync). A backward that no prepare_for_backward armed -- through the module itself, or
+  // after a forward inside no_sync -- accumulates into the buckets and reduces nothing, so one
+  // rank can never start collectives that the others do not. Arming lasts until the end of
+  // the next backward that produces a gradient for one of the parameters; it does not stack:
+  // two prepare_for_backward calls before one backward arm that backward once, and a second
+  // backward (retain_graph, or the other forward's graph) is local again.
+  //
+  // prepare_for_backward: arms the next backward, and attaches the bucket views as .grad again
+  // where something (zero_grad) cleared them, zeroing them -- one fill per bucket when the whole
+  // bucket was cleared.
   void prepare_for_backward();
-  // Off: backward accumulates into the buckets and reduces nothing (no_sync); the next synced
-  // backward reduces the sum.
-  void set_require_sync(bool on) { require_sync_ = on; }
-  bool require_sync() const { return require_sync_; }
+  // Only the attaching of prepare_for_backward, without arming (a forward inside no_sync):
+  // the unarmed backward then accumulates straight into the buckets.
+  void attach_grads();
+  // Whether the next backward will be reduced.
+  bool armed() const { return armed_; }
 
   size_t num_buckets() const { return buckets_.size(); }
   const std::vector<size_t>& bucket_params(size_t b) const { return buckets_.at(b).params; }
@@ -98,8 +110,8 @@ class Reducer {
   std::vector<int> hook_ids_;
   Launch launch_;
   Options options_;
-  bool require_sync_ = true;
-  bool in_backward_ = false;
+  bool armed_ = false;        // Note [the forward arms the reducer]
+  bool in_backward_ = false;  // an armed backward is under way
   size_t next_bucket_ = 0;  // the next bucket to launch
   int64_t reductions_ = 0;
   std::function<void(size_t, bool)> observer_;

@@ -151,20 +151,23 @@ void DistributedDataParallel::broadcast_buffers() {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
-  if (module_->is_training() && grad_enabled()) {
-    if (options_.broadcast_buffers && group_->size() > 1 && !buffer_groups_.empty()) {
+  if (grad_enabled()) {
+    if (module_->is_training() && options_.broadcast_buffers && group_->size() > 1 && !buffer_groups_.empty()) {
       NoGradGuard no_grad;
       broadcast_buffers();
     }
-    reducer_->prepare_for_backward();
+    // Note [the forward arms the reducer] (parallel/reducer.h): decided here, not at backward.
+    if (require_backward_grad_sync_) reducer_->prepare_for_backward();
+    else reducer_->attach_grads();
   }
   return (*module_)(x);
 }
 
-DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.reducer_->require_sync()) {
-  ddp_.reducer_->set_require_sync(false);
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp), prev_(ddp.require_backward_grad_sync_) {
+  ddp_.require_backward_grad_sync_ = false;
 }
 
-DistributedDataParallel::NoSync::~NoSync() { ddp_.reducer_->set_require_sync(prev_); }
+DistributedDataParallel::NoSync::~NoSync() { ddp_.require_backward_grad_sync_ = prev_; }
 
 }  // namespace tandem::parallel::distributed

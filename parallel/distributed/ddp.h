@@ -18,7 +18,9 @@
 //                 the ranks), broadcasts rank 0's parameters and buffers, and builds the Reducer
 //                 (parallel/reducer.h): buckets in reverse order, .grad = bucket views, hooks;
 //   forward       broadcasts rank 0's buffers (BatchNorm running statistics; broadcast_buffers)
-//                 in one collective per dtype, readies the buckets, runs the module;
+//                 in one collective per dtype when training, readies the buckets and, under
+//                 grad mode outside no_sync, arms the Reducer for the next backward; runs the
+//                 module;
 //   backward      each bucket's allreduce (average) starts the moment its last gradient is
 //                 final, overlapping the rest of backward; at the end every reduction is
 //                 waited for on the compute stream (GPU) or by the host (CPU);
@@ -30,9 +32,26 @@
 // each rank's loss by world_size * b_rank / B (Note [loss scaling for uneven shards] in
 // parallel/trainer.cpp; the example driver does).
 //
-// no_sync(): inside the guard, backward accumulates into the buckets and reduces nothing; the
-// first backward outside it reduces the accumulated sum (gradient accumulation over k
-// micro-batches equals one batch k times larger).
+// Which backward is reduced is decided by the forward, as in PyTorch (its
+// require_backward_grad_sync and Reducer::prepare_for_backward; Note [the forward arms the
+// reducer] in parallel/reducer.h): a forward of this wrapper under grad mode and outside
+// no_sync() -- in training or in eval mode -- arms the next backward, which reduces every
+// bucket; any other backward accumulates into .grad locally and starts no collective:
+//   - a backward through module() directly (its forward did not go through this wrapper), or
+//     a second backward of the same graph (retain_graph), on any rank: local gradients;
+//   - no_sync() is read by the forward: a forward inside the guard gives a local backward even
+//     if the backward runs after the guard is gone, and a forward outside it is reduced even if
+//     its backward runs inside a guard;
+//   - two forwards before one backward: the second arms again (arming does not stack); the one
+//     backward that follows, of either output or of their sum, is reduced once, each
+//     parameter's gradient summed over both graphs; a backward after it is local. As in
+//     PyTorch, every rank must do the same (a rank whose armed backward reaches no parameter
+//     stays armed for the next one).
+//
+// no_sync(): inside the guard, forward + backward accumulate into the buckets and reduce
+// nothing; the first armed backward after it reduces the accumulated sum (gradient
+// accumulation over k micro-batches: the same sum of gradients as one batch k times larger,
+// up to float rounding).
 //
 // A parameter that gets no gradient in a backward pass is an error naming it, because the
 // other ranks would wait for its bucket forever; with find_unused_parameters it counts as
@@ -66,7 +85,8 @@ class DistributedDataParallel {
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
 
-  // RAII: no gradient reduction while alive (see the header comment).
+  // RAII: forwards while it is alive do not arm the Reducer (see the header comment); PyTorch's
+  // `with ddp.no_sync():`.
   class NoSync {
    public:
     explicit NoSync(DistributedDataParallel& ddp);
@@ -85,6 +105,8 @@ class DistributedDataParallel {
   const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
   ProcessGroup& process_group() { return *group_; }
   Reducer& reducer() { return *reducer_; }
+  // False inside no_sync(): what the next forward reads (PyTorch's attribute of that name).
+  bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
   const DistributedDataParallelOptions& options() const { return options_; }
   void train(bool on = true) { module_->train(on); }
   void eval() { train(false); }
@@ -100,6 +122,7 @@ class DistributedDataParallel {
   std::vector<Tensor> buffer_flats_;  // buffers coalesced per dtype (Note [coalesced replica state])
   std::vector<std::vector<Tensor>> buffer_groups_;
   int instance_ = 0;
+  bool require_backward_grad_sync_ = true;
 };
 
 // Broadcasts `tensors` (all on the group's device) from `root` as one collective per dtype:

@@ -76,7 +76,7 @@ std::vector<std::vector<Tensor>> batches(int n, int64_t rows, int64_t last_rows,
 
 }  // namespace
 
-TEST_CASE("CUDAGraph replays captured kernels on new input values", "[core][cuda]") {
+TEST_CASE("CUDAGraph replays captured kernels on new input values", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   Tensor x = zeros({1000}, kFloat32, gpu);
@@ -101,7 +101,7 @@ TEST_CASE("CUDAGraph replays captured kernels on new input values", "[core][cuda
   CHECK(contains(error_message<ValueError>([&] { g.replay(); }), "before a successful capture"));
 }
 
-TEST_CASE("CUDAGraph refuses a capture that keeps memory allocated during it", "[core][cuda]") {
+TEST_CASE("CUDAGraph refuses a capture that keeps memory allocated during it", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   Tensor x = ones({64}, kFloat32, gpu);
@@ -111,12 +111,42 @@ TEST_CASE("CUDAGraph refuses a capture that keeps memory allocated during it", "
   kept = x * 2.0;  // outlives the capture: a replay would write memory the graph frees
   const std::string msg = error_message<Error>([&] { g.capture_end(); });
   CHECK(contains(msg, "256 bytes allocated during the capture"));
+  CHECK(contains(msg, "zeroed memory now"));
   CHECK_FALSE(g.captured());
-  kept = Tensor();  // dropping it afterwards is harmless
+  CHECK(g.unbacked_bytes() == 0);
+  // Note [a refused capture's memory]: what the capture left behind is real memory now, zeroed
+  // (none of the captured work ran), and usable like any tensor's.
+  CHECK(values(kept) == std::vector<double>(64, 0.0));
+  kept.fill_(5.0);
+  CHECK(values(kept + x) == std::vector<double>(64, 6.0));
+  const size_t before = allocated_bytes(gpu);
+  kept = Tensor();  // freed as usual
+  CHECK(allocated_bytes(gpu) == before - 256);
   CHECK(values(x * 3.0) == std::vector<double>(64, 3.0));  // the stream works as before
 }
 
-TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cuda]") {
+// A step that makes its state lazily, at its first call -- inside the capture when there is no
+// warm-up. Before, the refusal escaped StepGraph and the next step captured again, now on
+// the state the refused capture had left on memory that did not exist.
+TEST_CASE("StepGraph with state made inside the capture: refused once, eager from then, the state usable",
+          "[core][cuda][cuda_graph]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Tensor state;  // [4], made by the first step
+  StepGraph graph([&](const std::vector<Tensor>& in) {
+    if (!state.defined()) state = zeros({4}, kFloat32, gpu);
+    kernels::axpby_(1.0, in[0], 1.0, state);
+  }, {/*warmup_steps=*/0, /*enabled=*/true});
+  for (double v : {1.0, 2.0, 3.0}) graph({full({4}, v, kFloat32, gpu)});
+  CHECK(contains(graph.eager_reason(), "could not be captured"));
+  CHECK(contains(graph.eager_reason(), "16 bytes allocated during the capture"));
+  CHECK(graph.captures() == 0);
+  CHECK(graph.replays() == 0);
+  CHECK(graph.eager_steps() == 3);
+  CHECK(values(state) == std::vector<double>(4, 6.0));  // zeros, then every batch once
+}
+
+TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   Generator gen(3);
@@ -158,7 +188,7 @@ TEST_CASE("graphed LeNet training equals eager training bit for bit", "[core][cu
   }
 }
 
-TEST_CASE("graphed training with a capturable optimizer follows learning-rate changes without capturing again", "[core][cuda]") {
+TEST_CASE("graphed training with a capturable optimizer follows learning-rate changes without capturing again", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   // Note [capturable optimizer steps]: the learning rate and Adam's step count live on the GPU,
@@ -215,7 +245,7 @@ TEST_CASE("graphed training with a capturable optimizer follows learning-rate ch
   }
 }
 
-TEST_CASE("graphed channels-last bfloat16 ResNet training equals eager training bit for bit", "[core][cuda]") {
+TEST_CASE("graphed channels-last bfloat16 ResNet training equals eager training bit for bit", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   Generator gen(5);
@@ -253,7 +283,7 @@ TEST_CASE("graphed channels-last bfloat16 ResNet training equals eager training 
   }
 }
 
-TEST_CASE("a step that cannot be captured runs eagerly with a reason", "[core][cuda]") {
+TEST_CASE("a step that cannot be captured runs eagerly with a reason", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   Generator gen(4);
@@ -284,7 +314,7 @@ TEST_CASE("a step that cannot be captured runs eagerly with a reason", "[core][c
 // A step that gathers rows of a fixed "dataset" by the index it is given and adds their sum
 // into a fixed accumulator, both read and written in place by the replays.
 TEST_CASE("StepGraph replays with the fixed tensors it was captured with and captures again for others",
-          "[core][cuda]") {
+          "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
   const Tensor data_a = arange(0, 40, 1, kFloat32).reshape({10, 4}).to(gpu);
@@ -330,7 +360,7 @@ TEST_CASE("StepGraph replays with the fixed tensors it was captured with and cap
   CHECK(values(sum2) == std::vector<double>{3600, 3800, 4000, 4200});
 }
 
-TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", "[core]") {
+TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", "[core][cuda_graph]") {
   int calls = 0;
   StepGraph graph([&](const std::vector<Tensor>& in) {
     ++calls;
@@ -353,4 +383,121 @@ TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", 
   CUDAGraph g;
   CHECK(contains(error_message<DeviceError>([&] { g.capture_begin(kCPU); }), "cpu"));
   CHECK_THROWS_AS(StepGraph([](const std::vector<Tensor>&) {}, {-1, true}), ValueError);
+}
+
+namespace {
+
+// A stand-in for CUDAGraph that "captures" CPU work: while it records, the step only notes
+// which tensor it would read (as captured kernels keep addresses), and a replay applies what
+// the recorded step would do with that tensor's current value. capture_end succeeds, refuses
+// the capture for memory kept (an Error, as CUDAGraph's), or fails (a CudaError); after a
+// failure it can report memory that never existed.
+struct FakeGraph final : CUDAGraph {
+  enum class End { Ok, KeepsMemory, Fails };
+  End end = End::Ok;
+  size_t unbacked = 0;  // reported after a failed capture
+  bool recording = false, have = false;
+  int begins = 0;
+  std::function<void()> on_replay;
+
+  bool can_capture(Device) const override { return true; }
+  void capture_begin(Device) override {
+    ++begins;
+    have = false;
+    recording = true;
+  }
+  void capture_end() override {
+    recording = false;
+    if (end == End::KeepsMemory)
+      TANDEM_THROW(Error, "CUDAGraph: the captured work on cpu left 256 bytes allocated during the capture in use after it");
+    if (end == End::Fails) TANDEM_THROW(Cuda, "CUDAGraph: capture on cpu failed");
+    have = true;
+  }
+  void capture_abort() noexcept override { recording = false; }
+  void replay() const override {
+    TANDEM_CHECK(have, Value, "FakeGraph: replay before a capture");
+    on_replay();
+  }
+  void reset() noexcept override { have = false; }
+  bool captured() const override { return have; }
+  size_t unbacked_bytes() const override { return end == End::Fails ? unbacked : 0; }
+};
+
+// A step that adds its input's value to `applied`, once per step -- by running, or by a replay
+// of its recording.
+struct CountingStep {
+  FakeGraph* fake = nullptr;
+  std::vector<double> applied;
+  Tensor recorded;  // the input tensor the recording reads
+  bool throw_while_recording = false;
+
+  void operator()(const std::vector<Tensor>& in) {
+    if (fake->recording) {
+      recorded = in[0];
+      if (throw_while_recording) TANDEM_THROW(Cuda, "operation not permitted when stream is capturing");
+      return;
+    }
+    applied.push_back(in[0].item());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("StepGraph with a stand-in capture: warm-up, one capture, replays", "[core][cuda_graph]") {
+  auto fake = std::make_unique<FakeGraph>();
+  FakeGraph* f = fake.get();
+  CountingStep step{f};
+  f->on_replay = [&] { step.applied.push_back(step.recorded.item()); };
+  StepGraph graph([&](const std::vector<Tensor>& in) { step(in); }, {/*warmup_steps=*/1, true}, std::move(fake));
+  for (double v : {1.0, 2.0, 3.0, 4.0}) graph({full({}, v)});
+  CHECK(step.applied == std::vector<double>{1, 2, 3, 4});  // every batch exactly once
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == 3);
+  CHECK(graph.eager_steps() == 1);
+  CHECK(graph.eager_reason().empty());
+}
+
+// Note [a refused capture's memory]: a capture refused because the step kept memory made during
+// it turns the graph off for good -- a second capture would find that memory already made
+// and be accepted, replaying on it -- and every batch still gets its one (eager) step.
+TEST_CASE("StepGraph turns itself off when a capture is refused and runs every step eagerly", "[core][cuda_graph]") {
+  for (const auto how : {FakeGraph::End::KeepsMemory, FakeGraph::End::Fails}) {
+    INFO((how == FakeGraph::End::KeepsMemory ? "memory kept" : "capture failed"));
+    auto fake = std::make_unique<FakeGraph>();
+    FakeGraph* f = fake.get();
+    f->end = how;
+    CountingStep step{f};
+    f->on_replay = [&] { step.applied.push_back(step.recorded.item()); };
+    StepGraph graph([&](const std::vector<Tensor>& in) { step(in); }, {/*warmup_steps=*/1, true}, std::move(fake));
+    for (double v : {1.0, 2.0, 3.0, 4.0, 5.0}) graph({full({}, v)});
+    CHECK(step.applied == std::vector<double>{1, 2, 3, 4, 5});
+    CHECK(f->begins == 1);  // never captured again
+    CHECK(graph.captures() == 0);
+    CHECK(graph.replays() == 0);
+    CHECK(graph.eager_steps() == 5);
+    CHECK_FALSE(graph.replaying());
+    CHECK(contains(graph.eager_reason(), "could not be captured"));
+    CHECK(contains(graph.eager_reason(), how == FakeGraph::End::KeepsMemory ? "in use" : "failed"));
+    CHECK(graph.eager_reason().find('\n') == std::string::npos);  // one line
+  }
+}
+
+TEST_CASE("StepGraph does not run a step eagerly on memory that a failed capture never made", "[core][cuda_graph]") {
+  for (bool during_step : {false, true}) {
+    INFO((during_step ? "the step threw while recording" : "capture_end failed"));
+    auto fake = std::make_unique<FakeGraph>();
+    FakeGraph* f = fake.get();
+    f->end = FakeGraph::End::Fails;
+    f->unbacked = 512;
+    CountingStep step{f};
+    step.throw_while_recording = during_step;
+    f->on_replay = [&] { step.applied.push_back(step.recorded.item()); };
+    StepGraph graph([&](const std::vector<Tensor>& in) { step(in); }, {/*warmup_steps=*/0, true}, std::move(fake));
+    const std::string msg = error_message<Error>([&] { graph({full({}, 1.0)}); });
+    CHECK(contains(msg, "512 bytes"));
+    CHECK(contains(msg, "warm-up"));
+    CHECK(step.applied.empty());  // not run on that state
+    CHECK(contains(graph.eager_reason(), "could not be captured"));
+    CHECK(f->begins == 1);
+  }
 }

@@ -13,6 +13,9 @@
 //   no-sync [--accum K]    K-1 micro-batches under no_sync, then one synced: equals one batch K
 //                          times larger
 //   unused [--find-unused] a model with a parameter the loss does not use
+//   armed                  which backward DDP reduces is decided by its forward: a backward
+//                          through ddp.module() on rank 1 alone, no_sync around a backward only
+//                          or around a forward only
 //   mismatch               rank 1 builds a different model
 //   kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself at step S of a long run
 //   fingerprint            rank 1 allreduces another size than rank 0
@@ -157,6 +160,15 @@ Tensor shard_loss(nn::Module& net, const Tensor& x, const Tensor& y, int64_t B, 
   return mul(loss, scale);
 }
 
+// The same through DDP's forward, which arms the backward that reduces (Note [the forward arms
+// the reducer] in parallel/reducer.h; a forward of ddp.module() would leave it local).
+Tensor shard_loss(DistributedDataParallel& ddp, const Tensor& x, const Tensor& y, int64_t B, int w,
+                  double extra_scale = 1.0) {
+  Tensor loss = cross_entropy(ddp(x), y);
+  const double scale = double(w) * double(x.size(0)) / double(B) * extra_scale;
+  return mul(loss, scale);
+}
+
 uint64_t params_hash(const nn::Module& m) { return test::dist_params_hash(m); }
 
 double max_rel_err(const nn::Module& a, const nn::Module& b) {
@@ -213,7 +225,7 @@ void run_ddp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     auto [s, e] = shard(B, r, w);
     opt.zero_grad();
-    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    shard_loss(ddp, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
     opt.step();
   }
   std::printf("buckets %zu\n", ddp.reducer().num_buckets());
@@ -244,9 +256,9 @@ void run_no_sync(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     const Tensor x = micro[size_t(k)].first.slice(0, s, e), y = micro[size_t(k)].second.slice(0, s, e);
     if (k + 1 < K) {
       auto guard = ddp.no_sync();
-      shard_loss(ddp.module(), x, y, B, w, 1.0 / K).backward();
+      shard_loss(ddp, x, y, B, w, 1.0 / K).backward();
     } else {
-      shard_loss(ddp.module(), x, y, B, w, 1.0 / K).backward();
+      shard_loss(ddp, x, y, B, w, 1.0 / K).backward();
     }
   }
   require(ddp.reducer().reductions() == 1, "one reduction for K micro-batches");
@@ -268,6 +280,76 @@ void run_no_sync(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     std::printf("max_rel_err %.3g\n", err);
     require(err <= 1e-5, "no_sync accumulation equals one batch K times larger");
   }
+}
+
+// Note [the forward arms the reducer] (parallel/reducer.h) across processes: rank 1 alone runs a
+// backward through ddp.module() (no collective, its local gradients; rank 0 is not waiting);
+// then on every rank a forward outside no_sync whose backward runs inside it (reduced: every
+// rank prints the same "synced HASH") and a forward inside no_sync whose backward runs after it
+// (local: no collective).
+uint64_t grads_hash(const nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.grad().to_vector<float>()) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+void require_local_grads(nn::Module& ddp_module, nn::Module& local, const Tensor& x, const Tensor& y,
+                         const std::string& what) {
+  local.zero_grad();
+  cross_entropy(local.forward(x), y).backward();
+  auto a = ddp_module.parameters(), b = local.parameters();
+  for (size_t k = 0; k < a.size(); ++k) {
+    require(a[k].grad().defined(), what + ": a gradient");
+    auto ga = a[k].grad().to_vector<float>(), gb = b[k].grad().to_vector<float>();
+    for (size_t i = 0; i < ga.size(); ++i)
+      require(std::abs(ga[i] - gb[i]) <= 1e-6f * (1 + std::abs(gb[i])), what + ": the local gradient");
+  }
+}
+
+void run_armed(const std::shared_ptr<ProcessGroup>& group) {
+  ProcessGroup& pg = *group;
+  const int r = pg.rank(), w = pg.size();
+  const int64_t B = 8;
+  DistributedDataParallel ddp(make_net(7 + r, false), group);
+  std::shared_ptr<nn::Module> local = ddp.module().clone();  // rank 0's weights, outside DDP
+  auto batches = make_batches(3, B);
+  auto [s, e] = shard(B, r, w);
+  auto x = [&](int k) { return batches[size_t(k)].first.slice(0, s, e); };
+  auto y = [&](int k) { return batches[size_t(k)].second.slice(0, s, e); };
+  if (r == 1) {
+    const uint64_t seq = pg.sequence_number();
+    ddp.module().zero_grad();
+    cross_entropy(ddp.module().forward(x(0)), y(0)).backward();
+    require(pg.sequence_number() == seq, "a backward through module() starts no collective");
+    require(ddp.reducer().reductions() == 0, "a backward through module() reduces nothing");
+    require_local_grads(ddp.module(), *local, x(0), y(0), "backward through module()");
+  }
+  ddp.module().zero_grad();
+  Tensor loss = cross_entropy(ddp(x(1)), y(1));
+  {
+    auto guard = ddp.no_sync();  // after the forward: changes nothing
+    loss.backward();
+  }
+  require(ddp.reducer().reductions() == 1, "a forward outside no_sync: its backward inside is reduced");
+  std::printf("synced %016llx\n", static_cast<unsigned long long>(grads_hash(ddp.module())));
+  ddp.module().zero_grad();
+  {
+    auto guard = ddp.no_sync();
+    loss = cross_entropy(ddp(x(2)), y(2));
+  }
+  const uint64_t seq = pg.sequence_number();
+  loss.backward();  // after the guard: still local
+  require(pg.sequence_number() == seq, "a forward inside no_sync: its backward after it starts no collective");
+  require(ddp.reducer().reductions() == 1, "a forward inside no_sync: its backward after it reduces nothing");
+  require_local_grads(ddp.module(), *local, x(2), y(2), "forward inside no_sync");
+  pg.barrier();
+  std::printf("armed ok\n");
 }
 
 // A model whose second head the loss never uses.
@@ -321,7 +403,7 @@ void run_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     const auto& [x, y] = batches[size_t(step % 4)];
     auto [s, e] = shard(12, r, w);
     opt.zero_grad();
-    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), 12, w).backward();
+    shard_loss(ddp, x.slice(0, s, e), y.slice(0, s, e), 12, w).backward();
     opt.step();
   }
 }
@@ -369,6 +451,7 @@ int main(int argc, char** argv) {
     else if (mode == "ddp") run_ddp(ctx.group, f);
     else if (mode == "no-sync") run_no_sync(ctx.group, f);
     else if (mode == "unused") run_unused(ctx.group, f);
+    else if (mode == "armed") run_armed(ctx.group);
     else if (mode == "mismatch") run_mismatch(ctx.group);
     else if (mode == "kill") run_kill(ctx.group, f);
     else if (mode == "fingerprint") run_fingerprint(ctx.group);

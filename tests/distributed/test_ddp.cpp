@@ -107,6 +107,26 @@ TEST_CASE("DDP no_sync accumulation over k steps equals one batch k times larger
   }
 }
 
+// Note [the forward arms the reducer] (parallel/reducer.h): rank 1 alone runs a backward
+// through ddp.module() while rank 0 goes on to its next step; a collective from it would pair
+// with rank 0's allreduces (a fingerprint error or a timeout), so ending fast and clean is the
+// check, with the gradients the local ones. no_sync around the backward only or around the
+// forward only: the forward decides.
+TEST_CASE("DDP reduces only a backward that its forward armed, outside no_sync", "[dist][ddp]") {
+  TempDir dir;
+  Result r = run(dir, 2, "armed", /*timeout_s=*/5);
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(count(r.output, "armed ok") == 2);
+  std::set<std::string> synced;
+  std::regex re("synced ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), re); it != std::sregex_iterator(); ++it)
+    synced.insert((*it)[1]);
+  CHECK(synced.size() == 1);  // the reduced gradients are the same on both ranks
+  CHECK(count(r.output, "synced ") == 2);
+  CHECK(r.seconds < 5);
+}
+
 TEST_CASE("DDP: an unused parameter is a named error unless find_unused_parameters", "[dist][ddp]") {
   TempDir dir;
   Result bad = run(dir, 2, "unused");

@@ -140,14 +140,12 @@ TEST_CASE("Reducer: zero_grad, no_sync accumulation and unused parameters", "[pa
       for (double v : test::values(p.grad())) CHECK(v == 0.0);
     }
   }
-  SECTION("no_sync: nothing launched, gradients accumulate; the next synced pass reduces the sum") {
+  SECTION("unarmed (no_sync): nothing launched, gradients accumulate; the next armed pass reduces the sum") {
     Fixture f(1 << 20);
-    f.reducer->prepare_for_backward();
-    f.reducer->set_require_sync(false);
+    f.reducer->attach_grads();
     f.loss().backward();
     f.loss().backward();
     CHECK(f.log.empty());
-    f.reducer->set_require_sync(true);
     f.reducer->prepare_for_backward();
     f.loss().backward();
     CHECK(f.reducer->reductions() == 1);
@@ -180,5 +178,58 @@ TEST_CASE("Reducer: zero_grad, no_sync accumulation and unused parameters", "[pa
         for (double v : test::values(f.net->parameters().back().grad())) CHECK(v == 0.0);
       }
     }
+  }
+}
+
+// Note [the forward arms the reducer]: only a backward that prepare_for_backward armed is
+// reduced; any other accumulates locally and launches nothing.
+TEST_CASE("Reducer reduces only a backward that prepare_for_backward armed, once", "[parallel][reducer]") {
+  Fixture plain(1 << 20);
+  plain.reducer.reset();
+  plain.net->zero_grad();
+  plain.loss().backward();
+  const auto ref = plain.net->parameters();
+  auto grads_are = [&](Fixture& f, double factor) {
+    const auto ps = f.net->parameters();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      REQUIRE(ps[k].grad().defined());
+      CHECK(test::rel_error(ps[k].grad(), kernels::binary(BinaryOp::Mul, ref[k].grad(), full(ref[k].shape(), factor))) <
+            1e-6);
+    }
+  };
+  SECTION("a backward nothing armed: no launch, the local gradient") {
+    Fixture f(40 * 4);
+    CHECK_FALSE(f.reducer->armed());
+    f.loss().backward();
+    CHECK(f.log.empty());
+    CHECK(f.reducer->reductions() == 0);
+    grads_are(f, 1.0);
+  }
+  SECTION("armed once: the first backward is reduced, the next one is local") {
+    Fixture f(40 * 4);
+    f.reducer->prepare_for_backward();
+    CHECK(f.reducer->armed());
+    f.loss().backward();
+    CHECK_FALSE(f.reducer->armed());
+    const size_t launched = f.log.size();
+    CHECK(launched == 2 * f.reducer->num_buckets());
+    grads_are(f, 2.0);
+    f.loss().backward();  // not armed again: accumulates 1x onto the reduced 2x
+    CHECK(f.log.size() == launched);
+    CHECK(f.reducer->reductions() == 1);
+    grads_are(f, 3.0);
+  }
+  SECTION("two arms before one backward arm it once") {
+    Fixture f(40 * 4);
+    f.net->zero_grad();
+    f.reducer->prepare_for_backward();
+    f.reducer->prepare_for_backward();
+    Tensor both = add(f.loss(), f.loss());  // two forwards, one backward of their sum
+    both.backward();
+    CHECK(f.reducer->reductions() == 1);
+    CHECK(f.log.size() == 2 * f.reducer->num_buckets());
+    grads_are(f, 4.0);  // (1 + 1) summed over both graphs, doubled once
+    f.loss().backward();
+    CHECK(f.reducer->reductions() == 1);
   }
 }
