@@ -7,7 +7,7 @@
 using namespace tandem;
 using namespace tandem::parallel::pipeline;
 
-TEST_CASE("micro-batches: tensor_split sizes, views of the batch", "[parallel][pipeline]") {
+TEST_CASE("micro-batches: tensor_split sizes as views of the batch", "[parallel][pipeline]") {
   CHECK(micro_batch_sizes(8, 4) == std::vector<int64_t>{2, 2, 2, 2});
   CHECK(micro_batch_sizes(7, 3) == std::vector<int64_t>{3, 2, 2});
   CHECK(micro_batch_sizes(10, 4) == std::vector<int64_t>{3, 3, 2, 2});
@@ -31,7 +31,7 @@ TEST_CASE("micro-batches: tensor_split sizes, views of the batch", "[parallel][p
   CHECK(w == std::vector<double>{3.0 / 7, 2.0 / 7, 2.0 / 7});
 }
 
-TEST_CASE("micro-batches: more chunks than rows, or none, is a clear error", "[parallel][pipeline]") {
+TEST_CASE("micro-batches: more chunks than rows or none is a clear error", "[parallel][pipeline]") {
   const std::string msg = test::error_message<ValueError>([] { micro_batch_sizes(7, 8); });
   CHECK(test::contains(msg, "8 micro-batches for a batch of 7 rows"));
   CHECK(test::contains(test::error_message<ValueError>([] { micro_batch_sizes(7, 0); }),

@@ -31,7 +31,7 @@ using Rows = std::vector<std::string>;
 
 }  // namespace
 
-TEST_CASE("GPipe runs every forward, then every backward", "[parallel][pipeline]") {
+TEST_CASE("GPipe runs every forward then every backward", "[parallel][pipeline]") {
   CHECK(rows(schedule_gpipe(2, 2)) == Rows{"F0 F1 B0 B1", "F0 F1 B0 B1"});
   CHECK(rows(schedule_gpipe(3, 1)) == Rows{"F0 B0", "F0 B0", "F0 B0"});
   CHECK(rows(schedule_gpipe(1, 3)) == Rows{"F0 F1 F2 B0 B1 B2"});
@@ -45,7 +45,7 @@ TEST_CASE("GPipe runs every forward, then every backward", "[parallel][pipeline]
   }
 }
 
-TEST_CASE("1F1B: warm-up forwards, one forward one backward, cool-down", "[parallel][pipeline]") {
+TEST_CASE("1F1B: warm-up forwards then one forward one backward then cool-down", "[parallel][pipeline]") {
   CHECK(rows(schedule_1f1b(2, 2)) == Rows{"F0 F1 B0 B1", "F0 B0 F1 B1"});
   CHECK(rows(schedule_1f1b(2, 4)) == Rows{"F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"});
   CHECK(rows(schedule_1f1b(3, 4)) == Rows{"F0 F1 F2 B0 F3 B1 B2 B3",  //
@@ -86,7 +86,7 @@ TEST_CASE("the simulator puts each action at the textbook time step", "[parallel
   CHECK(t == std::vector<std::vector<int>>{{0, 1, 4, 7}, {1, 2, 4, 5}});
 }
 
-TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all M; same bubble",
+TEST_CASE("1F1B holds at most P - s micro-batches on stage s and GPipe all M with the same bubble",
           "[parallel][pipeline]") {
   for (int P = 1; P <= 5; ++P) {
     for (int M = 1; M <= 9; ++M) {

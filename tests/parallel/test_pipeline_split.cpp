@@ -18,7 +18,7 @@ std::shared_ptr<nn::Sequential> linears(const std::vector<int64_t>& in_features,
 
 }  // namespace
 
-TEST_CASE("split_by_balance: consecutive layers on each device, the model's own", "[parallel][pipeline]") {
+TEST_CASE("split_by_balance: consecutive layers on each device are the model's own", "[parallel][pipeline]") {
   Generator gen(5);
   auto model = nn::models::lenet({}, gen);
   auto [x, y] = test::random_batch(3, {1, 28, 28}, 10, gen);
