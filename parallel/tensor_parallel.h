@@ -36,10 +36,12 @@ namespace tandem::parallel {
 // f: xs[i] on comm.devices()[i] (the same values on each); returns them as they are, and in
 // backward replaces every device's gradient by the sum over devices. ValueError unless there
 // is one tensor per device, on it.
-std::vector<Tensor> copy_to_tensor_parallel_region(Communicator& comm, const std::vector<Tensor>& xs);
+std::vector<Tensor> copy_to_tensor_parallel_region(Communicator& comm,
+                                                   const std::vector<Tensor>& xs);
 // g: partials[i] on comm.devices()[i]; returns their sum on every device, and in backward
 // hands each device's gradient to its own partial unchanged.
-std::vector<Tensor> reduce_from_tensor_parallel_region(Communicator& comm, const std::vector<Tensor>& partials);
+std::vector<Tensor> reduce_from_tensor_parallel_region(Communicator& comm,
+                                                       const std::vector<Tensor>& partials);
 
 // Y = X W^T + b with W's rows (the output features) split over the devices: shard i holds
 // rows [o_i, o_i + n_i) of `full`'s weight and bias, n_i = split_sizes(out_features, n).

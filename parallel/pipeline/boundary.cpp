@@ -10,17 +10,19 @@ LocalBoundary::LocalBoundary(int num_stages, std::chrono::milliseconds timeout)
   for (auto& b : box_) b.resize(static_cast<size_t>(num_stages));
 }
 
-void LocalBoundary::send(Direction dir, int to_stage, int micro_batch, const Tensor& t, const char* what) {
-  TANDEM_CHECK(to_stage >= 0 && to_stage < num_stages_, Value, "pipeline: no stage ", to_stage, " to send the ",
-               what, " of micro-batch ", micro_batch, " to (", num_stages_, " stages)");
-  TANDEM_CHECK(t.defined(), Value, "pipeline: the ", what, " of micro-batch ", micro_batch, " for stage ",
-               to_stage, " is undefined");
+void LocalBoundary::send(Direction dir, int to_stage, int micro_batch, const Tensor& t,
+                         const char* what) {
+  TANDEM_CHECK(to_stage >= 0 && to_stage < num_stages_, Value, "pipeline: no stage ", to_stage,
+               " to send the ", what, " of micro-batch ", micro_batch, " to (", num_stages_,
+               " stages)");
+  TANDEM_CHECK(t.defined(), Value, "pipeline: the ", what, " of micro-batch ", micro_batch,
+               " for stage ", to_stage, " is undefined");
   auto ready = std::make_shared<Event>();
   ready->record(current_stream(t.device()));
   std::lock_guard<std::mutex> lock(mu_);
   auto& box = box_[dir][to_stage];
-  TANDEM_CHECK(box.count(micro_batch) == 0, Value, "pipeline: stage ", to_stage, " already has the ", what,
-               " of micro-batch ", micro_batch);
+  TANDEM_CHECK(box.count(micro_batch) == 0, Value, "pipeline: stage ", to_stage,
+               " already has the ", what, " of micro-batch ", micro_batch);
   box.emplace(micro_batch, Message{t, std::move(ready)});
   cv_.notify_all();
 }
@@ -28,16 +30,18 @@ void LocalBoundary::send(Direction dir, int to_stage, int micro_batch, const Ten
 Tensor LocalBoundary::recv(Direction dir, int stage, int from_stage, int micro_batch, Device device,
                            const char* what) {
   TANDEM_CHECK(from_stage >= 0 && from_stage < num_stages_, Value, "pipeline: stage ", stage,
-               " has no stage ", from_stage, " to receive the ", what, " of micro-batch ", micro_batch, " from");
+               " has no stage ", from_stage, " to receive the ", what, " of micro-batch ",
+               micro_batch, " from");
   Message msg;
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto& box = box_[dir][stage];
-    const bool arrived = cv_.wait_for(lock, timeout_, [&] { return aborted_ || box.count(micro_batch) > 0; });
+    const bool arrived =
+        cv_.wait_for(lock, timeout_, [&] { return aborted_ || box.count(micro_batch) > 0; });
     TANDEM_CHECK(!aborted_, Error, "pipeline: stage ", stage, " stopped waiting for the ", what,
                  " of micro-batch ", micro_batch, ": ", abort_reason_);
-    TANDEM_CHECK(arrived, Timeout, "pipeline: stage ", stage, " waited ", timeout_.count(), " ms for the ", what,
-                 " of micro-batch ", micro_batch, " from stage ", from_stage);
+    TANDEM_CHECK(arrived, Timeout, "pipeline: stage ", stage, " waited ", timeout_.count(),
+                 " ms for the ", what, " of micro-batch ", micro_batch, " from stage ", from_stage);
     auto it = box.find(micro_batch);
     msg = std::move(it->second);
     box.erase(it);

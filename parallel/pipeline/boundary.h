@@ -68,7 +68,8 @@ class LocalBoundary : public Boundary {
   };
   enum Direction { kActivation = 0, kGrad = 1 };
   void send(Direction dir, int to_stage, int micro_batch, const Tensor& t, const char* what);
-  Tensor recv(Direction dir, int stage, int from_stage, int micro_batch, Device device, const char* what);
+  Tensor recv(Direction dir, int stage, int from_stage, int micro_batch, Device device,
+              const char* what);
 
   int num_stages_;
   std::chrono::milliseconds timeout_;

@@ -5,8 +5,8 @@
 namespace tandem::parallel::pipeline {
 
 std::vector<int64_t> micro_batch_sizes(int64_t batch, int num_micro_batches) {
-  TANDEM_CHECK(num_micro_batches >= 1, Value, "micro_batch_sizes: num_micro_batches must be >= 1, got ",
-               num_micro_batches);
+  TANDEM_CHECK(num_micro_batches >= 1, Value,
+               "micro_batch_sizes: num_micro_batches must be >= 1, got ", num_micro_batches);
   const int64_t m = num_micro_batches;
   TANDEM_CHECK(m <= batch, Value, "micro_batch_sizes: ", m, " micro-batches for a batch of ", batch,
                " rows; every micro-batch needs at least one row");

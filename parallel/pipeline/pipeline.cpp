@@ -25,9 +25,12 @@ struct Held {
 void rethrow_at(const std::string& prefix) {
   try {
     throw;
-  } catch (const Error& e) { e.rethrow_with_prefix(prefix);
-  } catch (const std::exception& e) { throw Error(prefix + e.what());
-  } catch (...) { throw Error(prefix + "unknown exception");
+  } catch (const Error& e) {
+    e.rethrow_with_prefix(prefix);
+  } catch (const std::exception& e) {
+    throw Error(prefix + e.what());
+  } catch (...) {
+    throw Error(prefix + "unknown exception");
   }
 }
 
@@ -42,7 +45,8 @@ int run_stage(const StageStep& st, Boundary& boundary) {
     const int m = a.micro_batch;
     try {
       if (a.kind == Action::Forward) {
-        Tensor in = first ? (*st.inputs)[m].to(st.device) : boundary.recv_activation(s, m, st.device);
+        Tensor in =
+            first ? (*st.inputs)[m].to(st.device) : boundary.recv_activation(s, m, st.device);
         auto span = Trace::scoped(st.trace, st.device, a.str(), "pipeline");
         if (!first && is_floating(in.dtype())) {
           in = in.detach();  // a leaf of this stage's graph (Note [explicit stage boundary])
@@ -63,7 +67,8 @@ int run_stage(const StageStep& st, Boundary& boundary) {
         most = std::max(most, held.size());
       } else {
         auto it = held.find(m);
-        TANDEM_CHECK(it != held.end(), Value, "backward of a micro-batch whose forward did not run here");
+        TANDEM_CHECK(it != held.end(), Value,
+                     "backward of a micro-batch whose forward did not run here");
         Held h = std::move(it->second);
         held.erase(it);
         Tensor grad = last ? Tensor() : boundary.recv_grad(s, m, st.device);
@@ -71,7 +76,8 @@ int run_stage(const StageStep& st, Boundary& boundary) {
         if (h.output.requires_grad()) h.output.backward(grad);
         if (!first) {
           Tensor g = h.input.grad();
-          boundary.send_grad(s, m, g.defined() ? g : zeros(h.input.shape(), h.input.dtype(), st.device));
+          boundary.send_grad(s, m,
+                             g.defined() ? g : zeros(h.input.shape(), h.input.dtype(), st.device));
         }
       }  // h (the micro-batch's graph and activations) is freed here
     } catch (...) {
@@ -81,11 +87,16 @@ int run_stage(const StageStep& st, Boundary& boundary) {
   return static_cast<int>(most);
 }
 
-Pipeline::Pipeline(std::vector<Stage> stages, Schedule schedule, LossFn loss_fn, PipelineOptions options)
-    : stages_(std::move(stages)), schedule_(std::move(schedule)), loss_fn_(std::move(loss_fn)), options_(options) {
+Pipeline::Pipeline(std::vector<Stage> stages, Schedule schedule, LossFn loss_fn,
+                   PipelineOptions options)
+    : stages_(std::move(stages)),
+      schedule_(std::move(schedule)),
+      loss_fn_(std::move(loss_fn)),
+      options_(options) {
   TANDEM_CHECK(!stages_.empty(), Value, "Pipeline: no stages");
-  TANDEM_CHECK(schedule_.num_stages == static_cast<int>(stages_.size()), Value, "Pipeline: schedule ",
-               schedule_.name, " is for ", schedule_.num_stages, " stages but there are ", stages_.size());
+  TANDEM_CHECK(schedule_.num_stages == static_cast<int>(stages_.size()), Value,
+               "Pipeline: schedule ", schedule_.name, " is for ", schedule_.num_stages,
+               " stages but there are ", stages_.size());
   check_schedule(schedule_);
   TANDEM_CHECK(static_cast<bool>(loss_fn_), Value, "Pipeline: no loss function");
   for (size_t s = 0; s < stages_.size(); ++s) {
@@ -102,7 +113,8 @@ Pipeline::Pipeline(std::vector<Stage> stages, Schedule schedule, LossFn loss_fn,
 }
 
 Tensor Pipeline::step(const Tensor& x, const Tensor& target, std::vector<Tensor>* losses_out) {
-  TANDEM_CHECK(grad_enabled(), Value, "Pipeline::step trains and needs grad mode; use forward() under NoGradGuard");
+  TANDEM_CHECK(grad_enabled(), Value,
+               "Pipeline::step trains and needs grad mode; use forward() under NoGradGuard");
   TANDEM_CHECK(x.defined() && target.defined() && x.dim() >= 1 && target.dim() >= 1, Shape,
                "Pipeline::step: need an input and a target with a batch dim");
   TANDEM_CHECK(x.size(0) == target.size(0), Shape, "Pipeline::step: input ", shape_str(x.shape()),

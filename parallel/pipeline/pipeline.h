@@ -3,7 +3,8 @@
 //
 //   auto stages = pipeline::split_by_balance(*model, {6, 6}, parallel::cpu_devices(2));
 //   pipeline::Pipeline pipe(stages, pipeline::schedule_1f1b(2, /*micro-batches=*/4),
-//                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); });
+//                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y);
+//                           });
 //   nn::optim::SGD opt(model->parameters(), 0.1, 0.9);
 //   opt.zero_grad();
 //   Tensor loss = pipe.step(x, y);   // forward and backward of every micro-batch, by the schedule
@@ -78,7 +79,8 @@ class Pipeline {
  public:
   // ValueError unless the schedule passes check_schedule and has one stage per Stage; the
   // stages' devices as check_device_list wants them.
-  Pipeline(std::vector<Stage> stages, Schedule schedule, LossFn loss_fn, PipelineOptions options = {});
+  Pipeline(std::vector<Stage> stages, Schedule schedule, LossFn loss_fn,
+           PipelineOptions options = {});
 
   // One step's forward and backward on (x, target), split along dim 0 into the schedule's
   // micro-batches (ValueError when the batch has fewer rows than micro-batches, ShapeError

@@ -16,8 +16,12 @@ void check_sizes(const char* who, int num_stages, int num_micro_batches) {
                num_micro_batches);
 }
 
-Action fwd(int s, int m) { return {s, m, Action::Forward}; }
-Action bwd(int s, int m) { return {s, m, Action::Backward}; }
+Action fwd(int s, int m) {
+  return {s, m, Action::Forward};
+}
+Action bwd(int s, int m) {
+  return {s, m, Action::Backward};
+}
 
 }  // namespace
 
@@ -79,8 +83,8 @@ void check_schedule(const Schedule& schedule) {
       TANDEM_CHECK(a.micro_batch >= 0 && a.micro_batch < M, Value, "schedule ", schedule.name,
                    ": stage ", s, " has ", a.str(), " but there are ", M, " micro-batches");
       if (a.kind == Action::Forward) {
-        TANDEM_CHECK(++forwards[a.micro_batch] == 1, Value, "schedule ", schedule.name, ": stage ", s,
-                     " runs ", a.str(), " twice");
+        TANDEM_CHECK(++forwards[a.micro_batch] == 1, Value, "schedule ", schedule.name, ": stage ",
+                     s, " runs ", a.str(), " twice");
       } else {
         TANDEM_CHECK(forwards[a.micro_batch] == 1, Value, "schedule ", schedule.name, ": stage ", s,
                      " runs ", a.str(), " before its forward");
@@ -96,7 +100,8 @@ void check_schedule(const Schedule& schedule) {
   simulate(schedule);  // throws on a deadlock
 }
 
-std::vector<std::vector<int>> simulate(const Schedule& schedule, int forward_cost, int backward_cost) {
+std::vector<std::vector<int>> simulate(const Schedule& schedule, int forward_cost,
+                                       int backward_cost) {
   const int P = schedule.num_stages, M = schedule.num_micro_batches;
   TANDEM_CHECK(forward_cost >= 1 && backward_cost >= 1, Value, "simulate: costs must be >= 1, got ",
                forward_cost, " and ", backward_cost);
@@ -136,7 +141,8 @@ std::vector<std::vector<int>> simulate(const Schedule& schedule, int forward_cos
   std::string stuck;
   for (int s = 0; s < P; ++s) {
     if (next[s] < schedule.actions[s].size()) {
-      stuck += detail::str(stuck.empty() ? "" : ", ", "stage ", s, " at ", schedule.actions[s][next[s]].str());
+      stuck += detail::str(stuck.empty() ? "" : ", ", "stage ", s, " at ",
+                           schedule.actions[s][next[s]].str());
     }
   }
   TANDEM_CHECK(stuck.empty(), Value, "schedule ", schedule.name, " deadlocks: ", stuck,
@@ -158,7 +164,8 @@ int makespan(const Schedule& schedule, int forward_cost, int backward_cost) {
 
 int max_in_flight(const Schedule& schedule, int stage) {
   TANDEM_CHECK(stage >= 0 && stage < static_cast<int>(schedule.actions.size()), Value,
-               "max_in_flight: stage ", stage, " of a schedule with ", schedule.actions.size(), " stages");
+               "max_in_flight: stage ", stage, " of a schedule with ", schedule.actions.size(),
+               " stages");
   int held = 0, most = 0;
   for (const Action& a : schedule.actions[stage]) {
     held += a.kind == Action::Forward ? 1 : -1;
@@ -179,9 +186,11 @@ std::string format_schedule(const Schedule& schedule) {
     for (int t : s) steps = std::max(steps, t + 1);
   }
   const size_t P = start.size();
-  std::vector<std::vector<std::string>> cell(static_cast<size_t>(steps), std::vector<std::string>(P));
+  std::vector<std::vector<std::string>> cell(static_cast<size_t>(steps),
+                                             std::vector<std::string>(P));
   for (size_t s = 0; s < P; ++s) {
-    for (size_t i = 0; i < start[s].size(); ++i) cell[start[s][i]][s] = schedule.actions[s][i].str();
+    for (size_t i = 0; i < start[s].size(); ++i)
+      cell[start[s][i]][s] = schedule.actions[s][i].str();
   }
   std::ostringstream os;
   auto pad = [](std::string x, size_t w) { return x.append(w > x.size() ? w - x.size() : 0, ' '); };

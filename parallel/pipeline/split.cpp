@@ -13,23 +13,24 @@ std::string balance_str(const std::vector<int64_t>& balance) {
   return s + "]";
 }
 
-std::vector<Stage> split_by_balance(const nn::Sequential& model, const std::vector<int64_t>& balance,
+std::vector<Stage> split_by_balance(const nn::Sequential& model,
+                                    const std::vector<int64_t>& balance,
                                     const std::vector<Device>& devices) {
   const auto layers = static_cast<int64_t>(model.size());
   TANDEM_CHECK(!balance.empty(), Value, "split_by_balance: empty balance");
   TANDEM_CHECK(balance.size() <= model.size(), Value, "split_by_balance: ", balance.size(),
                " stages for a Sequential of ", layers, " layers; every stage needs a layer");
-  TANDEM_CHECK(balance.size() == devices.size(), Value, "split_by_balance: balance ", balance_str(balance),
-               " has ", balance.size(), " stages but there are ", devices.size(), " devices ",
-               devices_str(devices));
+  TANDEM_CHECK(balance.size() == devices.size(), Value, "split_by_balance: balance ",
+               balance_str(balance), " has ", balance.size(), " stages but there are ",
+               devices.size(), " devices ", devices_str(devices));
   int64_t total = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
-    TANDEM_CHECK(balance[s] >= 1, Value, "split_by_balance: balance ", balance_str(balance), " gives stage ",
-                 s, " ", balance[s], " layers; every stage needs at least one");
+    TANDEM_CHECK(balance[s] >= 1, Value, "split_by_balance: balance ", balance_str(balance),
+                 " gives stage ", s, " ", balance[s], " layers; every stage needs at least one");
     total += balance[s];
   }
-  TANDEM_CHECK(total == layers, Value, "split_by_balance: balance ", balance_str(balance), " adds up to ",
-               total, " layers but the Sequential has ", layers);
+  TANDEM_CHECK(total == layers, Value, "split_by_balance: balance ", balance_str(balance),
+               " adds up to ", total, " layers but the Sequential has ", layers);
   check_device_list(devices, "split_by_balance");
 
   std::vector<Stage> stages;
@@ -48,7 +49,8 @@ std::vector<Stage> split_by_balance(const nn::Sequential& model, const std::vect
 
 std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_stages) {
   const size_t L = model.size();
-  TANDEM_CHECK(num_stages >= 1, Value, "balance_by_parameters: num_stages must be >= 1, got ", num_stages);
+  TANDEM_CHECK(num_stages >= 1, Value, "balance_by_parameters: num_stages must be >= 1, got ",
+               num_stages);
   const auto P = static_cast<size_t>(num_stages);
   TANDEM_CHECK(P <= L, Value, "balance_by_parameters: ", P, " stages for a Sequential of ", L,
                " layers; every stage needs a layer");
@@ -81,9 +83,11 @@ std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_
   return balance;
 }
 
-std::vector<Stage> split_by_parameters(const nn::Sequential& model, const std::vector<Device>& devices) {
+std::vector<Stage> split_by_parameters(const nn::Sequential& model,
+                                       const std::vector<Device>& devices) {
   TANDEM_CHECK(!devices.empty(), Value, "split_by_parameters: empty device list");
-  return split_by_balance(model, balance_by_parameters(model, static_cast<int>(devices.size())), devices);
+  return split_by_balance(model, balance_by_parameters(model, static_cast<int>(devices.size())),
+                          devices);
 }
 
 }  // namespace tandem::parallel::pipeline

@@ -31,7 +31,8 @@ struct Stage {
 // when balance and devices differ in length, an entry is < 1, the entries do not add up to
 // model.size(), or there are more stages than layers; the device list is checked as
 // DeviceWorkers checks it (check_device_list).
-std::vector<Stage> split_by_balance(const nn::Sequential& model, const std::vector<int64_t>& balance,
+std::vector<Stage> split_by_balance(const nn::Sequential& model,
+                                    const std::vector<int64_t>& balance,
                                     const std::vector<Device>& devices);
 
 // The balance of num_stages consecutive pieces, each at least one layer, whose largest
@@ -41,7 +42,8 @@ std::vector<Stage> split_by_balance(const nn::Sequential& model, const std::vect
 std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_stages);
 
 // split_by_balance(model, balance_by_parameters(model, devices.size()), devices).
-std::vector<Stage> split_by_parameters(const nn::Sequential& model, const std::vector<Device>& devices);
+std::vector<Stage> split_by_parameters(const nn::Sequential& model,
+                                       const std::vector<Device>& devices);
 
 // "[2, 2, 8]" for messages.
 std::string balance_str(const std::vector<int64_t>& balance);

@@ -27,10 +27,13 @@ constexpr int64_t kBatch = 11;  // uneven micro-batches for M = 2, 3, 4 and 8
 using OptFactory = std::function<std::unique_ptr<nn::optim::Optimizer>(std::vector<Tensor>)>;
 
 OptFactory sgd() {
-  return [](std::vector<Tensor> ps) { return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9); };
+  return [](std::vector<Tensor> ps) {
+    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
+  };
 }
 OptFactory adam() {
-  return [](std::vector<Tensor> ps) { return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3); };
+  return
+      [](std::vector<Tensor> ps) { return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3); };
 }
 
 std::shared_ptr<nn::Sequential> make_lenet() {
@@ -67,10 +70,11 @@ Run train_one_device(const OptFactory& make_opt) {
   return r;
 }
 
-Run train_pipeline(const std::vector<int64_t>& balance, const Schedule& schedule, const OptFactory& make_opt,
-                   std::vector<StageStats>* stats = nullptr) {
+Run train_pipeline(const std::vector<int64_t>& balance, const Schedule& schedule,
+                   const OptFactory& make_opt, std::vector<StageStats>* stats = nullptr) {
   Run r{make_lenet(), {}};
-  Pipeline pipe(split_by_balance(*r.model, balance, cpu_devices(static_cast<int>(balance.size()))), schedule, ce());
+  Pipeline pipe(split_by_balance(*r.model, balance, cpu_devices(static_cast<int>(balance.size()))),
+                schedule, ce());
   auto opt = make_opt(r.model->parameters());
   for (const auto& [x, y] : batches()) {
     opt->zero_grad();
@@ -85,13 +89,17 @@ Run train_pipeline(const std::vector<int64_t>& balance, const Schedule& schedule
 
 }  // namespace
 
-TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training", "[parallel][pipeline]") {
-  const std::vector<std::pair<const char*, OptFactory>> optimizers = {{"SGD momentum", sgd()}, {"Adam", adam()}};
+TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training",
+          "[parallel][pipeline]") {
+  const std::vector<std::pair<const char*, OptFactory>> optimizers = {{"SGD momentum", sgd()},
+                                                                      {"Adam", adam()}};
   for (const auto& [opt_name, make_opt] : optimizers) {
     const Run one = train_one_device(make_opt);
-    CHECK(test::max_param_error(*one.model, *make_lenet()) > 1e-3);  // the steps moved the parameters
+    CHECK(test::max_param_error(*one.model, *make_lenet()) >
+          1e-3);       // the steps moved the parameters
     double worst = 0;  // the steps moved the parameters
-    for (const std::vector<int64_t>& balance : {std::vector<int64_t>{7, 5}, std::vector<int64_t>{3, 3, 3, 3}}) {
+    for (const std::vector<int64_t>& balance :
+         {std::vector<int64_t>{7, 5}, std::vector<int64_t>{3, 3, 3, 3}}) {
       const int P = static_cast<int>(balance.size());
       for (int M : {1, 2, 3, 4, 8}) {
         for (const char* kind : {"gpipe", "1f1b"}) {
@@ -99,10 +107,12 @@ TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training
           std::vector<StageStats> stats;
           const Run run = train_pipeline(balance, schedule, make_opt, &stats);
           const double err = test::max_param_error(*run.model, *one.model);
-          INFO(opt_name << ", " << P << " stages, " << schedule.name << ", M " << M << ": max rel error " << err);
+          INFO(opt_name << ", " << P << " stages, " << schedule.name << ", M " << M
+                        << ": max rel error " << err);
           CHECK(err <= (M == 1 ? 0.0 : 1e-5));
           worst = std::max(worst, err);
-          for (int k = 0; k < kSteps; ++k) CHECK(std::abs(run.losses[k] - one.losses[k]) <= 1e-5 * one.losses[k]);
+          for (int k = 0; k < kSteps; ++k)
+            CHECK(std::abs(run.losses[k] - one.losses[k]) <= 1e-5 * one.losses[k]);
           // What each stage held at once is what the schedule says (Note [1F1B in-flight bound]).
           for (int s = 0; s < P; ++s) {
             CHECK(stats[s].max_in_flight == max_in_flight(schedule, s));
@@ -111,21 +121,26 @@ TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training
         }
       }
     }
-    std::printf("pipeline vs one device, %s, %d steps: max rel error %.3g\n", opt_name, kSteps, worst);
+    std::printf("pipeline vs one device, %s, %d steps: max rel error %.3g\n", opt_name, kSteps,
+                worst);
   }
 }
 
-TEST_CASE("pipeline: a stage's failure names it and stops the others at once", "[parallel][pipeline]") {
+TEST_CASE("pipeline: a stage's failure names it and stops the others at once",
+          "[parallel][pipeline]") {
   auto model = make_lenet();
   PipelineOptions options;
   options.timeout = std::chrono::milliseconds(20000);
-  Pipeline pipe(split_by_balance(*model, {3, 3, 3, 3}, cpu_devices(4)), schedule_1f1b(4, 4), ce(), options);
+  Pipeline pipe(split_by_balance(*model, {3, 3, 3, 3}, cpu_devices(4)), schedule_1f1b(4, 4), ce(),
+                options);
   Generator gen(3);
   auto [x, y] = test::random_batch(8, {1, 28, 28}, 10, gen);
   Tensor bad_labels = full({8}, 12.0, kInt64);  // class 12 of 10: the last stage's loss throws
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string msg = test::error_message<ValueError>([&] { pipe.step(x, bad_labels); });  // its own type
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string msg =
+      test::error_message<ValueError>([&] { pipe.step(x, bad_labels); });  // its own type
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(test::contains(msg, "pipeline stage 3 (cpu:3) at F0: "));
   CHECK(seconds < 5.0);  // aborted, not timed out
   // The pipeline is usable again afterwards.
@@ -133,10 +148,12 @@ TEST_CASE("pipeline: a stage's failure names it and stops the others at once", "
 
   // A neighbour that never sends: the receive gives up after its timeout.
   LocalBoundary boundary(2, std::chrono::milliseconds(50));
-  CHECK(test::contains(test::error_message<TimeoutError>([&] { boundary.recv_activation(1, 0, Device::cpu(1)); }),
-                       "pipeline: stage 1 waited 50 ms for the activation of micro-batch 0 from stage 0"));
-  CHECK(test::contains(test::error_message<TimeoutError>([&] { boundary.recv_grad(0, 2, Device::cpu(0)); }),
-                       "pipeline: stage 0 waited 50 ms for the gradient of micro-batch 2 from stage 1"));
+  CHECK(test::contains(
+      test::error_message<TimeoutError>([&] { boundary.recv_activation(1, 0, Device::cpu(1)); }),
+      "pipeline: stage 1 waited 50 ms for the activation of micro-batch 0 from stage 0"));
+  CHECK(test::contains(
+      test::error_message<TimeoutError>([&] { boundary.recv_grad(0, 2, Device::cpu(0)); }),
+      "pipeline: stage 0 waited 50 ms for the gradient of micro-batch 2 from stage 1"));
   boundary.send_activation(0, 0, ones({2}));
   CHECK(boundary.pending() == 1);
   CHECK(test::rel_error(boundary.recv_activation(1, 0, Device::cpu(1)), ones({2})) == 0.0);
@@ -146,8 +163,9 @@ TEST_CASE("pipeline: a stage's failure names it and stops the others at once", "
 TEST_CASE("pipeline: bad input is a clear error", "[parallel][pipeline]") {
   auto model = make_lenet();
   auto stages = split_by_balance(*model, {6, 6}, cpu_devices(2));
-  CHECK(test::contains(test::error_message<ValueError>([&] { Pipeline(stages, schedule_gpipe(3, 2), ce()); }),
-                       "schedule GPipe is for 3 stages but there are 2"));
+  CHECK(test::contains(
+      test::error_message<ValueError>([&] { Pipeline(stages, schedule_gpipe(3, 2), ce()); }),
+      "schedule GPipe is for 3 stages but there are 2"));
   Pipeline pipe(stages, schedule_gpipe(2, 4), ce());
   Generator gen(4);
   auto [x, y] = test::random_batch(3, {1, 28, 28}, 10, gen);
@@ -157,7 +175,8 @@ TEST_CASE("pipeline: bad input is a clear error", "[parallel][pipeline]") {
                        "differ in rows"));
   {
     NoGradGuard no_grad;
-    CHECK(test::contains(test::error_message<ValueError>([&] { pipe.step(x, y); }), "needs grad mode"));
+    CHECK(test::contains(test::error_message<ValueError>([&] { pipe.step(x, y); }),
+                         "needs grad mode"));
     CHECK(pipe.forward(x).device() == Device::cpu(1));  // evaluation runs stage after stage
   }
 }

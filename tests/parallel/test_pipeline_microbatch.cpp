@@ -60,18 +60,22 @@ TEST_CASE("micro-batch losses weighted by n_m / B give the whole batch's gradien
     std::vector<int64_t> sizes;
     for (const Tensor& c : xs) sizes.push_back(c.size(0));
     const auto w = micro_batch_weights(sizes);
-    for (size_t i = 0; i < xs.size(); ++i) (cross_entropy(net->forward(xs[i]), ys[i]) * w[i]).backward();
+    for (size_t i = 0; i < xs.size(); ++i)
+      (cross_entropy(net->forward(xs[i]), ys[i]) * w[i]).backward();
     const auto ps = net->parameters();
     double worst = 0;
-    for (size_t k = 0; k < ps.size(); ++k) worst = std::max(worst, test::rel_error(ps[k].grad(), whole[k]));
+    for (size_t k = 0; k < ps.size(); ++k)
+      worst = std::max(worst, test::rel_error(ps[k].grad(), whole[k]));
     INFO("M " << m);
     CHECK(worst < 1e-6);
 
     if (m == 3) {  // weighting every chunk 1/M instead is wrong for uneven chunks
       net->zero_grad();
-      for (size_t i = 0; i < xs.size(); ++i) (cross_entropy(net->forward(xs[i]), ys[i]) * (1.0 / m)).backward();
+      for (size_t i = 0; i < xs.size(); ++i)
+        (cross_entropy(net->forward(xs[i]), ys[i]) * (1.0 / m)).backward();
       double off = 0;
-      for (size_t k = 0; k < ps.size(); ++k) off = std::max(off, test::rel_error(ps[k].grad(), whole[k]));
+      for (size_t k = 0; k < ps.size(); ++k)
+        off = std::max(off, test::rel_error(ps[k].grad(), whole[k]));
       CHECK(off > 1e-4);
     }
   }

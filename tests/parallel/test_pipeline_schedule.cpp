@@ -45,7 +45,8 @@ TEST_CASE("GPipe runs every forward then every backward", "[parallel][pipeline]"
   }
 }
 
-TEST_CASE("1F1B: warm-up forwards then one forward one backward then cool-down", "[parallel][pipeline]") {
+TEST_CASE("1F1B: warm-up forwards then one forward one backward then cool-down",
+          "[parallel][pipeline]") {
   CHECK(rows(schedule_1f1b(2, 2)) == Rows{"F0 F1 B0 B1", "F0 B0 F1 B1"});
   CHECK(rows(schedule_1f1b(2, 4)) == Rows{"F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"});
   CHECK(rows(schedule_1f1b(3, 4)) == Rows{"F0 F1 F2 B0 F3 B1 B2 B3",  //
@@ -56,7 +57,8 @@ TEST_CASE("1F1B: warm-up forwards then one forward one backward then cool-down",
                                           "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
                                           "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"});
   // Fewer micro-batches than stages: the warm-up is cut to M, so the early stages are GPipe.
-  CHECK(rows(schedule_1f1b(4, 2)) == Rows{"F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"});
+  CHECK(rows(schedule_1f1b(4, 2)) ==
+        Rows{"F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"});
   CHECK(rows(schedule_1f1b(3, 1)) == Rows{"F0 B0", "F0 B0", "F0 B0"});
   CHECK(schedule_1f1b(3, 1).name == "1F1B");
 }
@@ -125,8 +127,14 @@ TEST_CASE("pipeline schedules: bad sizes and orders are clear errors", "[paralle
 
   // Stage 1 waits for F1 of stage 0, which waits for B0 of stage 1, which comes after F1.
   Schedule dead = schedule_1f1b(2, 2);
-  dead.actions[0] = {{0, 0, Action::Forward}, {0, 0, Action::Backward}, {0, 1, Action::Forward}, {0, 1, Action::Backward}};
-  dead.actions[1] = {{1, 1, Action::Forward}, {1, 0, Action::Forward}, {1, 0, Action::Backward}, {1, 1, Action::Backward}};
+  dead.actions[0] = {{0, 0, Action::Forward},
+                     {0, 0, Action::Backward},
+                     {0, 1, Action::Forward},
+                     {0, 1, Action::Backward}};
+  dead.actions[1] = {{1, 1, Action::Forward},
+                     {1, 0, Action::Forward},
+                     {1, 0, Action::Backward},
+                     {1, 1, Action::Backward}};
   const std::string msg = test::error_message<ValueError>([&] { check_schedule(dead); });
   CHECK(test::contains(msg, "deadlocks: stage 0 at B0, stage 1 at F1"));
 

@@ -18,7 +18,8 @@ std::shared_ptr<nn::Sequential> linears(const std::vector<int64_t>& in_features,
 
 }  // namespace
 
-TEST_CASE("split_by_balance: consecutive layers on each device are the model's own", "[parallel][pipeline]") {
+TEST_CASE("split_by_balance: consecutive layers on each device are the model's own",
+          "[parallel][pipeline]") {
   Generator gen(5);
   auto model = nn::models::lenet({}, gen);
   auto [x, y] = test::random_batch(3, {1, 28, 28}, 10, gen);
@@ -56,12 +57,14 @@ TEST_CASE("split_by_balance: consecutive layers on each device are the model's o
   CHECK(test::rel_error(h, expected) < 1e-6);
 }
 
-TEST_CASE("balance_by_parameters: the largest stage as small as it can be", "[parallel][pipeline]") {
+TEST_CASE("balance_by_parameters: the largest stage as small as it can be",
+          "[parallel][pipeline]") {
   Generator gen(6);
   auto seq = linears({1, 1, 1, 5}, gen);  // 10, 10, 10, 30 parameters
   CHECK(balance_by_parameters(*seq, 1) == std::vector<int64_t>{4});
-  CHECK(balance_by_parameters(*seq, 2) == std::vector<int64_t>{3, 1});   // 30 | 30
-  CHECK(balance_by_parameters(*seq, 3) == std::vector<int64_t>{1, 2, 1});  // 10 | 20 | 30: ties go early
+  CHECK(balance_by_parameters(*seq, 2) == std::vector<int64_t>{3, 1});  // 30 | 30
+  CHECK(balance_by_parameters(*seq, 3) ==
+        std::vector<int64_t>{1, 2, 1});  // 10 | 20 | 30: ties go early
   CHECK(balance_by_parameters(*seq, 4) == std::vector<int64_t>{1, 1, 1, 1});
   auto big_first = linears({5, 1, 1, 1}, gen);  // 30, 10, 10, 10
   CHECK(balance_by_parameters(*big_first, 2) == std::vector<int64_t>{1, 3});
@@ -82,13 +85,16 @@ TEST_CASE("balance_by_parameters: the largest stage as small as it can be", "[pa
   }
 }
 
-TEST_CASE("stage split: bad balances and too many stages are clear errors", "[parallel][pipeline]") {
+TEST_CASE("stage split: bad balances and too many stages are clear errors",
+          "[parallel][pipeline]") {
   Generator gen(7);
   auto seq = linears({1, 1, 1}, gen);
   auto msg = [&](const std::vector<int64_t>& b, int devices) {
-    return test::error_message<ValueError>([&] { split_by_balance(*seq, b, cpu_devices(devices)); });
+    return test::error_message<ValueError>(
+        [&] { split_by_balance(*seq, b, cpu_devices(devices)); });
   };
-  CHECK(test::contains(msg({1, 1}, 2), "balance [1, 1] adds up to 2 layers but the Sequential has 3"));
+  CHECK(test::contains(msg({1, 1}, 2),
+                       "balance [1, 1] adds up to 2 layers but the Sequential has 3"));
   CHECK(test::contains(msg({1, 1, 1, 1}, 4), "4 stages for a Sequential of 3 layers"));
   CHECK(test::contains(msg({3, 0}, 2), "gives stage 1 0 layers"));
   CHECK(test::contains(msg({2, 1}, 3), "balance [2, 1] has 2 stages but there are 3 devices"));

@@ -40,7 +40,8 @@ Tensor weighted_sum(const std::vector<Tensor>& ys) {
 // sum_r L_r on device 0 (Note [tensor-parallel ranks in one graph]).
 Tensor seed_every_rank(const std::vector<Tensor>& losses) {
   Tensor total = losses[0];
-  for (size_t r = 1; r < losses.size(); ++r) total = total + to_device(losses[r], losses[0].device());
+  for (size_t r = 1; r < losses.size(); ++r)
+    total = total + to_device(losses[r], losses[0].device());
   return total;
 }
 
@@ -57,7 +58,8 @@ TEST_CASE("Megatron f is identity forward and allreduce backward and g the conve
     auto ys = copy_to_tensor_parallel_region(*comm, xs);
     for (int i = 0; i < n; ++i) CHECK(test::values(ys[i]) == std::vector<double>(6, i + 1.0));
     weighted_sum(ys).backward();
-    for (int i = 0; i < n; ++i) CHECK(test::values(xs[i].grad()) == std::vector<double>(6, weights));
+    for (int i = 0; i < n; ++i)
+      CHECK(test::values(xs[i].grad()) == std::vector<double>(6, weights));
 
     auto ps = filled(devices);
     auto sums = reduce_from_tensor_parallel_region(*comm, ps);
@@ -66,19 +68,23 @@ TEST_CASE("Megatron f is identity forward and allreduce backward and g the conve
       CHECK(test::values(sums[i]) == std::vector<double>(6, weights));
     }
     weighted_sum(sums).backward();
-    for (int i = 0; i < n; ++i) CHECK(test::values(ps[i].grad()) == std::vector<double>(6, i + 1.0));
+    for (int i = 0; i < n; ++i)
+      CHECK(test::values(ps[i].grad()) == std::vector<double>(6, i + 1.0));
   }
   auto comm = make_communicator("naive", cpu_devices(2));
-  CHECK(test::contains(test::error_message<ValueError>([&] { copy_to_tensor_parallel_region(*comm, {ones({2})}); }),
-                       "1 tensors for 2 devices"));
   CHECK(test::contains(
-      test::error_message<DeviceError>([&] { reduce_from_tensor_parallel_region(*comm, {ones({2}), ones({2})}); }),
-      "tensor 1 is on cpu:0, not on cpu:1"));
+      test::error_message<ValueError>([&] { copy_to_tensor_parallel_region(*comm, {ones({2})}); }),
+      "1 tensors for 2 devices"));
+  CHECK(test::contains(test::error_message<DeviceError>([&] {
+                         reduce_from_tensor_parallel_region(*comm, {ones({2}), ones({2})});
+                       }),
+                       "tensor 1 is on cpu:0, not on cpu:1"));
   Generator gen(1);
   nn::Linear narrow(8, 3, true, gen);
   auto four = make_communicator("ring", cpu_devices(4));
-  CHECK(test::contains(test::error_message<ValueError>([&] { ColumnParallelLinear(narrow, *four); }),
-                       "3 output features over 4 devices"));
+  CHECK(
+      test::contains(test::error_message<ValueError>([&] { ColumnParallelLinear(narrow, *four); }),
+                     "3 output features over 4 devices"));
 }
 
 TEST_CASE("a column then row parallel MLP equals the unsplit one", "[parallel][tensor-parallel]") {
@@ -137,7 +143,8 @@ struct TensorParallelLeNet {
   std::unique_ptr<ColumnParallelLinear> fc1;
   std::unique_ptr<RowParallelLinear> fc2;
 
-  TensorParallelLeNet(const nn::Sequential& lenet, int n) : devices(cpu_devices(n)), comm(make_communicator("ring", devices)) {
+  TensorParallelLeNet(const nn::Sequential& lenet, int n)
+      : devices(cpu_devices(n)), comm(make_communicator("ring", devices)) {
     for (Device d : devices) {
       auto f = std::make_shared<nn::Sequential>();
       for (size_t i = 0; i < 7; ++i) f->push_back(lenet[i]->clone());
@@ -165,7 +172,8 @@ struct TensorParallelLeNet {
   // The loss of the batch (every device's is the same); backward through all of them.
   double train_batch(const Tensor& x, const Tensor& y) {
     std::vector<Tensor> hs;
-    for (size_t r = 0; r < devices.size(); ++r) hs.push_back(features[r]->forward(x.to(devices[r])));
+    for (size_t r = 0; r < devices.size(); ++r)
+      hs.push_back(features[r]->forward(x.to(devices[r])));
     auto a = (*fc1)(hs);
     for (Tensor& t : a) t = relu(t);
     auto b = (*fc2)(a);
@@ -189,7 +197,8 @@ TEST_CASE("LeNet with its classifier split over 2 and 4 devices trains as unspli
   };
   Generator data_gen(32);
   std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int k = 0; k < kSteps; ++k) batches.push_back(test::random_batch(9, {1, 28, 28}, 10, data_gen));
+  for (int k = 0; k < kSteps; ++k)
+    batches.push_back(test::random_batch(9, {1, 28, 28}, 10, data_gen));
 
   auto one = make();
   const auto reference = test::train_reference(*one, batches, 0.1, 0.9);
@@ -225,7 +234,9 @@ TEST_CASE("LeNet with its classifier split over 2 and 4 devices trains as unspli
     check(tp.fc1->full_bias(), one->at<nn::Linear>(7).bias());
     check(tp.fc2->full_weight(), one->at<nn::Linear>(9).weight());
     check(tp.fc2->full_bias(), one->at<nn::Linear>(9).bias());
-    std::printf("tensor parallel LeNet classifier on %d devices vs one device, %d steps: max rel error %.3g\n", n,
-                kSteps, worst);
+    std::printf(
+        "tensor parallel LeNet classifier on %d devices vs one device, %d steps: max rel error "
+        "%.3g\n",
+        n, kSteps, worst);
   }
 }
