@@ -14,8 +14,10 @@
 // (reduction "sum") must not be scaled: pass weights of 1.
 //
 // BatchNorm under micro-batches computes its statistics over each micro-batch, not over the
-// whole batch (as GPipe and PyTorch do): a model with BatchNorm trains differently split into
-// M micro-batches than whole. The equality tests use models without it.
+// whole batch (as GPipe and PyTorch do), and updates its running statistics once per
+// micro-batch (num_batches_tracked grows by M a step): a model with BatchNorm trains
+// differently split into M > 1 micro-batches than whole (tests/parallel/test_pipeline.cpp
+// shows both). The equality tests use models without it.
 #include <cstdint>
 #include <vector>
 

@@ -126,6 +126,41 @@ TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training
   }
 }
 
+TEST_CASE("pipeline: BatchNorm normalizes each micro-batch by its own statistics",
+          "[parallel][pipeline]") {
+  // Conv2d -> BatchNorm2d -> ReLU | Flatten -> Linear, 2 stages: M = 1 is one-device training;
+  // M = 2 normalizes each half of the batch by its own mean and variance, so it differs, and
+  // the running statistics are updated once per micro-batch (num_batches_tracked counts M).
+  auto make = [] {
+    Generator gen(41);
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen),
+        std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(4 * 6 * 6, 3, true, gen)});
+  };
+  Generator gen(42);
+  auto [x, y] = test::random_batch(8, {1, 6, 6}, 3, gen);
+  auto one = make();
+  nn::optim::SGD opt_one(one->parameters(), 0.1);
+  cross_entropy(one->forward(x), y).backward();
+  opt_one.step();
+  for (int M : {1, 2}) {
+    auto model = make();
+    Pipeline pipe(split_by_balance(*model, {3, 2}, cpu_devices(2)), schedule_1f1b(2, M), ce());
+    nn::optim::SGD opt(model->parameters(), 0.1);
+    pipe.step(x, y);
+    opt.step();
+    const auto& bn = model->at<nn::BatchNorm2d>(1);
+    INFO("M " << M);
+    CHECK(bn.num_batches_tracked().item() == M);
+    if (M == 1) {
+      CHECK(test::max_param_error(*model, *one) == 0.0);
+    } else {
+      CHECK(test::max_param_error(*model, *one) > 1e-4);
+    }
+  }
+}
+
 TEST_CASE("pipeline: a stage's failure names it and stops the others at once",
           "[parallel][pipeline]") {
   auto model = make_lenet();
