@@ -191,7 +191,8 @@ TEST_CASE("env: every bad value is named with its value", "[dist]") {
 }
 
 TEST_CASE("env: under torchrun's agent store tandem's store takes the next port", "[dist]") {
-  const Vars torchrun = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}};
+  const Vars torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}};
   CHECK(read(torchrun).master_port == 29400);
   Vars agent = torchrun;
   agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
@@ -203,4 +204,26 @@ TEST_CASE("env: under torchrun's agent store tandem's store takes the next port"
   agent.erase("TANDEM_STORE_PORT");
   agent["MASTER_PORT"] = "65535";
   CHECK(contains(error_of(agent), "TANDEM_STORE_PORT"));
+}
+
+TEST_CASE("env: a job across nodes may not reach its store through a loopback name", "[dist]") {
+  // Debian and Ubuntu map the machine's own name to 127.0.1.1, so MASTER_ADDR=$(hostname) would
+  // put the store on loopback, where the other nodes never find it; "localhost" is the same trap.
+  Vars v = {
+      {"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "localhost"}};
+  auto msg = error_of(v);
+  REQUIRE(contains(msg,
+                   "MASTER_ADDR=localhost resolves to 127.0.0.1, a loopback address, but the job "
+                   "spans several nodes (world size 4, 2 per node)"));
+  REQUIRE(contains(msg, "hostname -I"));
+  // On one node loopback is right.
+  v["LOCAL_WORLD_SIZE"] = "4";
+  REQUIRE(read(v).master_addr == "localhost");
+  // A numeric loopback address is taken at its word: that is how several "nodes" share one
+  // machine in tests.
+  v["LOCAL_WORLD_SIZE"] = "2";
+  v["MASTER_ADDR"] = "127.0.0.1";
+  REQUIRE(read(v).master_addr == "127.0.0.1");
+  v["MASTER_ADDR"] = "::1";
+  REQUIRE(read(v).master_addr == "::1");
 }
