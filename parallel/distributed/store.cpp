@@ -1,9 +1,13 @@
-// Store's string helpers, PrefixStore and the barrier over any Store (store.h). The TCP store
+// Store's string helpers, address resolution and the bind rule, PrefixStore and the barrier
+// over any Store (store.h). The TCP store
 // itself: the wire format in store_protocol.h, the server in store_server.cpp, the client and
 // TCPStore's methods in store_client.cpp.
 #include "parallel/distributed/store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "core/error.h"
@@ -65,6 +69,29 @@ store_wire::Endpoint store_wire::resolve_endpoint(const std::string& host, uint1
   return e;
 }
 
+namespace {
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// The names that land on loopback through /etc/hosts rather than DNS: localhost and the
+// machine's own name (as `hostname` or `hostname -f` prints it). Only these are resolved by the
+// check, so reading the environment never waits for a name server.
+bool local_name(const std::string& name) {
+  const std::string n = lower(name);
+  if (n == "localhost" || (n.size() > 10 && n.compare(n.size() - 10, 10, ".localhost") == 0))
+    return true;
+  char buf[256] = "";
+  if (::gethostname(buf, sizeof buf - 1) != 0) return false;
+  const std::string own = lower(buf);
+  const std::string own_short = own.substr(0, own.find('.'));
+  return !own.empty() && (n == own || n.substr(0, n.find('.')) == own_short);
+}
+
+}  // namespace
+
 void check_store_address(const std::string& host, int world_size, int local_world_size,
                          const std::string& what) {
   if (local_world_size <= 0 || world_size <= local_world_size) return;
@@ -73,6 +100,7 @@ void check_store_address(const std::string& host, int world_size, int local_worl
   if (::inet_pton(AF_INET, name.c_str(), &any) == 1 ||
       ::inet_pton(AF_INET6, name.c_str(), &any) == 1)
     return;  // numeric: taken at its word
+  if (!local_name(name)) return;
   store_wire::Endpoint e;
   try {
     e = store_wire::resolve_endpoint(host, 0);

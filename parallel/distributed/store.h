@@ -139,11 +139,12 @@ class TCPStore : public Store {
 std::string store_disconnected_key(int rank);
 
 // The bind rule (Note [the store's address] in store_server.cpp). When the job spans several
-// nodes (world_size > local_world_size > 0), a host *name* that resolves to a loopback address
-// is a DistError naming the address and the fix: Debian and Ubuntu map the machine's own name to
-// 127.0.1.1, so MASTER_ADDR=$(hostname) would put the store where no other node reaches it. A
-// numeric address is taken at its word; a name that does not resolve is left to the store to
-// report. `what` names the host in the message ("MASTER_ADDR=node0", "store host 'node0'").
+// nodes (world_size > local_world_size > 0), localhost or the machine's own name resolving to a
+// loopback address is a DistError naming the address and the fix: Debian and Ubuntu map the
+// machine's own name to 127.0.1.1, so MASTER_ADDR=$(hostname) would put the store where no other
+// node reaches it. A numeric address is taken at its word; other names are not looked up here
+// (no wait for a name server); a name that does not resolve is left to the store to report.
+// `what` names the host in the message ("MASTER_ADDR=node0", "store host 'node0'").
 void check_store_address(const std::string& host, int world_size, int local_world_size,
                          const std::string& what);
 

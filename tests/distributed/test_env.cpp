@@ -1,4 +1,8 @@
 // The environment contract, read through a fake environment.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 
@@ -226,4 +230,27 @@ TEST_CASE("env: a job across nodes may not reach its store through a loopback na
   REQUIRE(read(v).master_addr == "127.0.0.1");
   v["MASTER_ADDR"] = "::1";
   REQUIRE(read(v).master_addr == "::1");
+  // MASTER_ADDR=$(hostname): an error exactly where the name lands on loopback.
+  char host[256] = "";
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
+    bool loopback = false;
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      if (a->ai_family == AF_INET) {
+        loopback =
+            (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        break;
+      }
+    }
+    ::freeaddrinfo(res);
+    v["MASTER_ADDR"] = host;
+    if (loopback) {
+      REQUIRE(contains(error_of(v), "MASTER_ADDR=" + std::string(host) + " resolves to 127."));
+    } else {
+      REQUIRE(read(v).master_addr == host);
+    }
+  }
 }
