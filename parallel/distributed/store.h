@@ -92,8 +92,9 @@ struct TCPStoreOptions {
   // Master only: a connection that has not completed its hello this long after it was accepted
   // is closed.
   Milliseconds hello_timeout{std::chrono::seconds(5)};
-  // Master only: the most connections the server holds at once (0: 64 + 8 per rank, or 1024 when
-  // the world size is unknown); never more than half the process's file-descriptor limit.
+  // Master only: the most connections the server holds at once (0: 64 + 8 per rank, or 4096 when
+  // the world size is unknown); never more than the file-descriptor limit less a reserve (a
+  // quarter of it, or 256) for the rest of the process.
   int max_connections = 0;
 };
 

@@ -98,10 +98,13 @@ TCPStore::Server::Server(const std::string& host, uint16_t want_port,
   // rest of rank 0's process (NCCL, CUDA, files) needs.
   size_t want = options.max_connections > 0 ? static_cast<size_t>(options.max_connections)
                 : options.world_size > 0    ? 64 + 8 * static_cast<size_t>(options.world_size)
-                                            : 1024;
+                                            : 4096;
   rlimit fds{};
-  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY)
-    want = std::min<size_t>(want, std::max<size_t>(16, fds.rlim_cur / 2));
+  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY) {
+    const size_t soft = fds.rlim_cur;
+    const size_t keep = std::max<size_t>(soft / 4, std::min<size_t>(256, soft / 2));
+    want = std::min(want, std::max<size_t>(16, soft - keep));
+  }
   max_conns = want;
   reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -167,8 +170,9 @@ void TCPStore::Server::run() {
 //   - hello deadline: a connection that has not completed its hello within hello_timeout (5 s
 //     by default) of being accepted is closed. Admitted connections may idle for ever: a rank's
 //     session connection does (Note [disconnect tracking]).
-//   - connection cap: at most max_connections at once (64 + 8 per rank by default, never more
-//     than half the process's descriptor limit, so NCCL, CUDA and files keep theirs). At the
+//   - connection cap: at most max_connections at once (64 + 8 per rank by default, 4096 when the
+//     world size is unknown; never more than the descriptor limit less a quarter of it, or 256,
+//     so NCCL, CUDA and files keep theirs). At the
 //     cap, a newcomer takes the place of the oldest connection that has not said hello; when
 //     every place is held by an admitted client the newcomer is refused and closed. Both are
 //     logged with the peer's address (at most one line a second of each kind, with a count).
