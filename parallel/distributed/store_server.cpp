@@ -172,10 +172,10 @@ void TCPStore::Server::run() {
 //     session connection does (Note [disconnect tracking]).
 //   - connection cap: at most max_connections at once (64 + 8 per rank by default, 4096 when the
 //     world size is unknown; never more than the descriptor limit less a quarter of it, or 256,
-//     so NCCL, CUDA and files keep theirs). At the
-//     cap, a newcomer takes the place of the oldest connection that has not said hello; when
-//     every place is held by an admitted client the newcomer is refused and closed. Both are
-//     logged with the peer's address (at most one line a second of each kind, with a count).
+//     so NCCL, CUDA and files keep theirs). At the cap, a newcomer takes the place of the oldest
+//     connection that has not said hello; when every place is held by an admitted client the
+//     newcomer is refused and closed. Both are logged with the peer's address (at most one line
+//     a second of each kind, with a count).
 //   - one request at a time: after the hello every request is a frame whose length is known
 //     before its body arrives, so a request is parsed once, when it is complete, however many
 //     pieces it comes in; a frame over kMaxRequest is refused unread. A request that arrives
@@ -185,7 +185,8 @@ void TCPStore::Server::run() {
 //     listening socket stays readable and a naive loop spins. The server keeps one descriptor
 //     in reserve: it frees it, accepts the connection, closes it (logged), and takes the
 //     reserve back; when even that fails it stops accepting for 100 ms.
-// Memory is bounded by the cap times (one request + one reply), at most ~2 x kMaxValue each.
+// Memory is bounded per connection: one that has not said hello holds at most a hello (~4 KiB)
+// and what one recv() brings; an admitted one at most one request and one reply (~2 x kMaxValue).
 // What this does not do: stop a client that knows the job id (it is not a secret, Note [store
 // admission]) from holding admitted connections up to the cap, or from writing keys.
 void TCPStore::Server::accept_all(Clock::time_point now) {
