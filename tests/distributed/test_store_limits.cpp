@@ -319,8 +319,10 @@ TEST_CASE("store: a thousand idle connections and garbage leave a job's numbers 
     REQUIRE(master.add("sum/" + std::to_string(k), 0) == 10 + 4 * k);
   REQUIRE(master.disconnected_ranks().empty());
 
-  // The flood ends at the hello deadline.
-  auto by = flood_start + o.hello_timeout + 3s;
+  // The flood ends at the hello deadline (measured from when the flood began; slack for a
+  // loaded machine, where the server may accept the last of them late).
+  INFO(seconds_since(flood_start) << " s since the flood began");
+  auto by = std::max(flood_start + o.hello_timeout + 3s, Clock::now() + 2s);
   int closed = 0;
   for (int fd : idle) closed += closed_by_peer(fd, by);
   for (int fd : junk) closed += closed_by_peer(fd, by);
