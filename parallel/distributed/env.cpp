@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "parallel/distributed/store.h"
 
 namespace tandem::parallel::distributed {
 
@@ -129,11 +130,12 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
   auto parse_port = [](const char* name, const std::string& text) {
     int64_t v = -1;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    TANDEM_CHECK(ec == std::errc() && end == text.data() + text.size() && v >= 1 && v <= 65535, Dist, name, "=",
-                 text, " is not a port (1..65535)");
+    TANDEM_CHECK(ec == std::errc() && end == text.data() + text.size() && v >= 1 && v <= 65535,
+                 Dist, name, "=", text, " is not a port (1..65535)");
     return static_cast<uint16_t>(v);
   };
-  if (auto port = lookup_nonempty(lookup, "MASTER_PORT")) env.master_port = parse_port("MASTER_PORT", *port);
+  if (auto port = lookup_nonempty(lookup, "MASTER_PORT"))
+    env.master_port = parse_port("MASTER_PORT", *port);
   // Note [under torchrun's own store]: recent torchrun agents serve MASTER_PORT themselves with
   // PyTorch's store (and say so with TORCHELASTIC_USE_AGENT_STORE=True), whose protocol is not
   // ours; tandem's store then listens on the next port. TANDEM_STORE_PORT picks one explicitly.
@@ -141,7 +143,8 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
     env.master_port = parse_port("TANDEM_STORE_PORT", *port);
   } else if (auto agent = lookup_nonempty(lookup, "TORCHELASTIC_USE_AGENT_STORE");
              agent && (*agent == "True" || *agent == "true" || *agent == "1")) {
-    TANDEM_CHECK(env.master_port < 65535, Dist, "MASTER_PORT=65535 under torchrun's agent store leaves no port for "
+    TANDEM_CHECK(env.master_port < 65535, Dist,
+                 "MASTER_PORT=65535 under torchrun's agent store leaves no port for "
                  "tandem's store; set TANDEM_STORE_PORT");
     env.master_port = static_cast<uint16_t>(env.master_port + 1);
   }
@@ -156,6 +159,9 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
                  env.world_size, ", ", env.local_world_size,
                  " per node): set it to the address of rank 0's node");
   }
+  // Note [the store's address]: MASTER_ADDR=$(hostname) lands on loopback on Debian and Ubuntu.
+  check_store_address(env.master_addr, env.world_size, env.local_world_size,
+                      "MASTER_ADDR=" + env.master_addr);
 
   env.job_id = launcher_job_id(lookup);
   if (env.job_id.empty()) {

@@ -2,6 +2,7 @@
 // thread, and the one failure message a rank prints when the job cannot go on.
 #include "parallel/distributed/process_group.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -41,15 +42,6 @@ std::string seconds_str(Milliseconds t) {
   return os.str();
 }
 
-// The disconnect keys are written by the TCP store's server at the root of the key space
-// (store.h); a group usually works in a PrefixStore of it.
-Store& root_store(Store& s) {
-  Store* cur = &s;
-  while (auto* p = dynamic_cast<PrefixStore*>(cur)) cur = p->base().get();
-  return *cur;
-}
-
-std::string disconnect_key(int rank) { return store_disconnected_key(rank); }
 std::string progress_key(int rank) { return "pg/progress/" + std::to_string(rank); }
 const char* kAbortKey = "pg/abort";
 
@@ -147,7 +139,6 @@ void ProcessGroup::stop_monitor() {
 // later call on the group rethrows it (check_healthy), so the program unwinds to main and
 // exits non-zero, and the launcher stops the rest.
 void ProcessGroup::monitor_loop() {
-  Store& root = root_store(*store_);
   std::unique_lock<std::mutex> lock(monitor_->mu);
   while (!monitor_->stop) {
     monitor_->cv.wait_for(lock, options_.monitor_interval);
@@ -169,8 +160,9 @@ void ProcessGroup::monitor_loop() {
                  store_->get_string(kAbortKey),
              false);
       }
-      for (int r = 0; healthy && r < size_; ++r) {
-        if (r != rank_ && root.check({disconnect_key(r)})) {
+      // One request for every rank that left without a goodbye (store.h), not one per rank.
+      for (int r : healthy ? store_->disconnected_ranks() : std::vector<int>{}) {
+        if (r != rank_ && r < size_) {
           fail("rank " + std::to_string(r) + " died (it left the store without saying goodbye); rank " +
                    std::to_string(rank_) + " stops",
                false);
@@ -216,7 +208,6 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
   std::ostringstream os;
   os << c.str() << " on rank " << rank_ << " of " << size_ << ": " << reason;
   try {
-    Store& root = root_store(*store_);
     // Dead ranks first (the store saw their connection drop without a goodbye); then live ranks
     // whose published progress shows they never started this collective. A rank that has not
     // published yet (progress goes out about once per monitor interval) is not accused.
@@ -227,9 +218,10 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
     do {
       dead.clear();
       behind.clear();
+      const std::vector<int> gone = store_->disconnected_ranks();
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
-        if (root.check({disconnect_key(r)})) {
+        if (std::find(gone.begin(), gone.end(), r) != gone.end()) {
           dead.push_back(std::to_string(r));
         } else if (store_->check({progress_key(r)})) {
           const int64_t seen = std::stoll(store_->get_string(progress_key(r)));

@@ -11,10 +11,17 @@
 //     second job started on the same port) is refused with a DistError on *its* side, and the
 //     server's data is untouched.
 //
-// Disconnect tracking: when a client that said hello with a rank >= 0 closes its connection
-// without saying goodbye (the destructor does; a crash, a kill or an exit without unwinding
-// does not), the server sets store_disconnected_key(rank) = "1". Every other rank can then
-// name the dead rank in its error message instead of waiting for it until a timeout.
+// Disconnect tracking (Note [disconnect tracking] in store_server.cpp): each client with a rank
+// >= 0 holds one session connection that carries no requests; when it ends without a goodbye
+// (the destructor says one; a crash, a kill or an exit without unwinding does not), the server
+// marks the rank: disconnected_ranks() names it, and store_disconnected_key(rank) = "1". Every
+// other rank can then name the dead rank in its error message instead of waiting for it until
+// a timeout. A second client with the rank of a live one is refused (two processes with the
+// same RANK).
+//
+// Limits (Note [store limits]): a connection must say hello within hello_timeout, the server
+// holds at most max_connections, and a client that pipelines requests or sends one over
+// kMaxRequest is dropped; none of it can make the server spin or grow without bound.
 //
 // Threads: a TCPStore may be shared by the threads of a process. Each request takes a
 // connection of its own from a small pool (one more is opened when all are busy), so a thread
@@ -54,28 +61,48 @@ class Store {
   virtual bool delete_key(const std::string& key) = 0;
 
   // Convenience forms over set/get with strings.
-  void set(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
+  void set(const std::string& key, const std::string& value) {
+    set(key, Bytes(value.begin(), value.end()));
+  }
   std::string get_string(const std::string& key);
 
   Milliseconds timeout() const { return timeout_; }
   void set_timeout(Milliseconds t) { timeout_ = t; }
+
+  // The ranks whose connection to the store ended without a goodbye, ascending (the rule: Note
+  // [disconnect tracking] in store_server.cpp). Store-wide: a PrefixStore asks the store under it.
+  // A store that does not track connections knows of none.
+  virtual std::vector<int> disconnected_ranks() { return {}; }
 
  protected:
   Milliseconds timeout_{std::chrono::seconds(300)};
 };
 
 struct TCPStoreOptions {
-  bool is_master = false;      // host the server here (rank 0)
-  int rank = -1;               // for error messages ("rank 1"); -1: unknown
+  bool is_master = false;                           // host the server here (rank 0)
+  int rank = -1;                                    // for error messages ("rank 1"); -1: unknown
   Milliseconds timeout{std::chrono::seconds(300)};  // every wait, and connecting to the server
   // Only clients that present the same job id are admitted (Note [store admission]).
   std::string job_id;
+  // The job's shape, 0 when unknown: a job that spans nodes (world_size > local_world_size) may
+  // not reach the store through a name that resolves to loopback (check_store_address), and the
+  // connection cap grows with the world size.
+  int world_size = 0;
+  int local_world_size = 0;
+  // Master only: a connection that has not completed its hello this long after it was accepted
+  // is closed.
+  Milliseconds hello_timeout{std::chrono::seconds(5)};
+  // Master only: the most connections the server holds at once (0: 64 + 8 per rank, or 4096 when
+  // the world size is unknown); never more than the file-descriptor limit less a reserve (a
+  // quarter of it, or 256) for the rest of the process.
+  int max_connections = 0;
 };
 
 // The TCP store. The master binds host:port (port 0: a free port, see port()) before the
 // constructor returns, so a port that is taken is a DistError naming it at once; clients retry
 // connecting until the timeout (the master may start later), then DistError "nothing listening
-// at host:port". host is a name or numeric address; "localhost" resolves as usual.
+// at host:port". host is a name or a numeric address, IPv4 or IPv6 ("::1" or "[::1]"); a name
+// resolves to its first IPv4 address, else its first IPv6 one (Note [the store's address]).
 class TCPStore : public Store {
  public:
   TCPStore(std::string host, uint16_t port, TCPStoreOptions options);
@@ -89,12 +116,13 @@ class TCPStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   bool delete_key(const std::string& key) override;
+  std::vector<int> disconnected_ranks() override;
   using Store::set;
   using Store::wait;
 
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }  // the bound port (useful when 0 was asked for)
-  std::string address() const;             // "host:port"
+  std::string address() const;             // "host:port", "[::1]:port"
 
  private:
   struct Server;  // store_server.h
@@ -106,9 +134,20 @@ class TCPStore : public Store {
   std::unique_ptr<Client> client_;
 };
 
-// "tandem/disconnected/<rank>": set by the server when that rank's connection drops without a
-// goodbye (see the TCPStore comment above).
+// "tandem/disconnected/<rank>": set by the server when that rank's session drops without a
+// goodbye (see the TCPStore comment above). At the root of the key space: through a PrefixStore,
+// ask disconnected_ranks() instead.
 std::string store_disconnected_key(int rank);
+
+// The bind rule (Note [the store's address] in store_server.cpp). When the job spans several
+// nodes (world_size > local_world_size > 0), localhost or the machine's own name resolving to a
+// loopback address is a DistError naming the address and the fix: Debian and Ubuntu map the
+// machine's own name to 127.0.1.1, so MASTER_ADDR=$(hostname) would put the store where no other
+// node reaches it. A numeric address is taken at its word; other names are not looked up here
+// (no wait for a name server); a name that does not resolve is left to the store to report.
+// `what` names the host in the message ("MASTER_ADDR=node0", "store host 'node0'").
+void check_store_address(const std::string& host, int world_size, int local_world_size,
+                         const std::string& what);
 
 // Every key of `store` under "prefix/": lets independent users (a process group, a barrier,
 // Gloo's rendezvous) share one store without their keys colliding.
@@ -121,6 +160,8 @@ class PrefixStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
   bool delete_key(const std::string& key) override;
+  // Store-wide, not under the prefix: the store below answers.
+  std::vector<int> disconnected_ranks() override { return store_->disconnected_ranks(); }
   using Store::set;
   using Store::wait;
   const std::shared_ptr<Store>& base() const { return store_; }

@@ -43,11 +43,15 @@ struct Connection {
   }
 };
 
+// The server closed a connection before answering its hello (at its cap, Note [store limits]):
+// the client tries again until its deadline.
+struct ClosedEarly {};
+
 // One connect attempt bounded by `deadline`; -1 when nothing accepted it.
-int connect_once(const sockaddr_in& addr, Clock::time_point deadline) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+int connect_once(const Endpoint& addr, Clock::time_point deadline) {
+  int fd = ::socket(addr.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr.addr), addr.len) != 0) {
     int err = 0;
     socklen_t len = sizeof(err);
     pollfd p{fd, POLLOUT, 0};
@@ -90,6 +94,11 @@ class Call {
     recv_exact(b, 1);
     return b[0];
   }
+  uint32_t u32() {
+    uint8_t b[4];
+    recv_exact(b, 4);
+    return b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t{b[3]} << 24);
+  }
   uint64_t u64() {
     uint8_t b[8];
     recv_exact(b, 8);
@@ -116,6 +125,8 @@ class Call {
     if (t == kReplyError) TANDEM_THROW(Dist, where_, ": ", str());
     return t;
   }
+  // A lost connection throws ClosedEarly instead of the DistError (for the hello).
+  void closed_early_is_retried() { closed_early_ = true; }
   [[noreturn]] void protocol_error() {
     c_.broken = true;
     TANDEM_THROW(Dist, where_, ": unexpected reply while ", what_, " (not a tandem store?)");
@@ -151,6 +162,7 @@ class Call {
   }
   [[noreturn]] void lost() {
     c_.broken = true;
+    if (closed_early_) throw ClosedEarly{};
     TANDEM_THROW(Dist, where_, ": connection lost while ", what_,
                  " (rank 0, which hosts the store, may have exited)");
   }
@@ -160,6 +172,7 @@ class Call {
   std::string what_;
   Milliseconds shown_;
   Clock::time_point deadline_;
+  bool closed_early_ = false;
 };
 
 // "key 'a'", "keys 'a', 'b'"
@@ -177,50 +190,85 @@ void check_key(const std::string& key) {
 }  // namespace
 
 struct TCPStore::Client {
-  std::string where;  // "store host:port (rank R)", the start of every message
+  std::string where;    // "store host:port (rank R)", the start of every message
+  std::string address;  // "host:port"
   TCPStoreOptions options;
-  sockaddr_in addr;
-  std::mutex mu;  // guards `idle`
+  Endpoint addr;
+  std::unique_ptr<Connection> session;  // Note [disconnect tracking]: hello and bye only
+  std::mutex mu;                        // guards `idle`
   std::vector<std::unique_ptr<Connection>> idle;
 
   Client(const std::string& host, uint16_t port, TCPStoreOptions opts)
-      : options(std::move(opts)), addr(resolve_ipv4(host, port)) {
+      : address(host_port(host, port)),
+        options(std::move(opts)),
+        addr(resolve_endpoint(host, port)) {
     std::string rank = options.rank >= 0 ? std::to_string(options.rank) : "unknown";
-    std::string address = host + ":" + std::to_string(port);
     where = "store " + address + " (rank " + rank + ")";
     // The master may start after us: retry until the timeout.
-    Clock::time_point deadline = Clock::now() + options.timeout;
+    session = open(kRoleSession, Clock::now() + options.timeout, true, "connecting");
+  }
+
+  ~Client() {
+    // Plain connections just close; the goodbye on the session is what tells the server that
+    // this rank leaves in good order.
+    if (!session || session->broken) return;
+    try {
+      Bytes msg;
+      Writer w = begin_frame(msg);
+      w.u8(kBye);
+      end_frame(msg);
+      Call call(*session, where, "saying goodbye", Milliseconds(500),
+                Clock::now() + Milliseconds(500));
+      call.send(msg);
+      call.u8();  // the ack: the server has read the bye before we close
+    } catch (const Error&) {
+      // The server is gone or slow; closing is all that is left.
+    }
+  }
+
+  // A connection that said hello and was accepted. `first`: the server may not be up yet, so
+  // a refused connect is retried too; later, a refused connect means the server went away. A
+  // connection the server closes before answering (its cap) is retried until the deadline.
+  std::unique_ptr<Connection> open(Role role, Clock::time_point deadline, bool first,
+                                   const std::string& what) {
+    int closed_early = 0;
     for (;;) {
       int fd = connect_once(addr, deadline);
       if (fd >= 0) {
-        idle.push_back(hello(fd, deadline));
-        return;
+        std::unique_ptr<Connection> c;
+        try {
+          c = hello(fd, role, deadline);
+        } catch (const TimeoutError&) {
+          if (closed_early == 0) throw;  // else the deadline ran out between refusals
+        }
+        if (c) return c;
+        ++closed_early;
+      } else {
+        TANDEM_CHECK(first || closed_early > 0, Dist, where, ": connection lost while ", what,
+                     " (rank 0, which hosts the store, may have exited)");
       }
       auto now = Clock::now();
-      TANDEM_CHECK(now < deadline, Dist, "store: nothing listening at ", address, " (rank ", rank,
-                   ") after ", seconds_text(options.timeout),
-                   " s; is MASTER_ADDR/MASTER_PORT right and is rank 0 running?");
+      if (now >= deadline) {
+        TANDEM_CHECK(closed_early == 0, Dist, where,
+                     ": the server closed the connection before answering our hello (",
+                     closed_early, " tries in ", seconds_text(options.timeout),
+                     " s); it may be at its connection cap (too many clients, or a flood of "
+                     "connections on its port)");
+        TANDEM_THROW(Dist, "store: nothing listening at ", address, " (rank ",
+                     options.rank >= 0 ? std::to_string(options.rank) : "unknown", ") after ",
+                     seconds_text(options.timeout),
+                     " s; is MASTER_ADDR/MASTER_PORT right and is rank 0 running?");
+      }
       std::this_thread::sleep_for(std::min<Clock::duration>(kRetryEvery, deadline - now));
     }
   }
 
-  ~Client() {
-    for (auto& c : idle) {
-      try {
-        Bytes msg{kBye};
-        Call call(*c, where, "saying goodbye", Milliseconds(500), Clock::now() + Milliseconds(500));
-        call.send(msg);
-        call.u8();  // the ack: the server has read the bye before we close
-      } catch (const Error&) {
-        // The server is gone or slow; closing is all that is left.
-      }
-    }
-  }
-
-  std::unique_ptr<Connection> hello(int fd, Clock::time_point deadline) {
+  // nullptr when the server closed the connection before answering.
+  std::unique_ptr<Connection> hello(int fd, Role role, Clock::time_point deadline) {
     auto c = std::make_unique<Connection>();
     c->fd = fd;
     Call call(*c, where, "waiting for the store's answer to our hello", options.timeout, deadline);
+    call.closed_early_is_retried();
     Bytes msg;
     Writer w(msg);
     w.u8(kHello);
@@ -228,22 +276,38 @@ struct TCPStore::Client {
     w.u32(kVersion);
     w.str(options.job_id);
     w.u32(static_cast<uint32_t>(options.rank));
-    call.send(msg);
-    uint8_t t = call.u8();
+    w.u8(role);
+    uint8_t t = 0;
+    try {
+      call.send(msg);
+      t = call.u8();
+    } catch (const ClosedEarly&) {
+      return nullptr;
+    }
     if (t == kReplyAccept) return c;
     if (t != kReplyReject) call.protocol_error();
     c->broken = true;
-    TANDEM_CHECK(call.u8() != kRejectJob, Dist, where,
+    uint8_t reason = 0;
+    std::string from;
+    try {
+      reason = call.u8();
+      if (reason == kRejectRankTaken) from = call.str();
+    } catch (const ClosedEarly&) {
+      call.protocol_error();
+    }
+    TANDEM_CHECK(reason != kRejectJob, Dist, where,
                  ": refused: the server belongs to another job (job id '", options.job_id,
                  "' here, server's differs); is another job using this port?");
+    TANDEM_CHECK(reason != kRejectRankTaken, Dist, where, ": refused: rank ", options.rank,
+                 " is already connected to this store (from ", from,
+                 "); is RANK the same in two processes?");
     TANDEM_THROW(Dist, where,
                  ": refused: the server speaks another version of the store "
                  "protocol (",
                  kVersion, " here); is another job using this port?");
   }
 
-  // An idle connection, or a new one: the server was up when we first connected, so a refusal
-  // now means it went away.
+  // An idle connection, or a new one.
   std::unique_ptr<Connection> take(const std::string& what) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -253,11 +317,7 @@ struct TCPStore::Client {
         return c;
       }
     }
-    Clock::time_point deadline = Clock::now() + options.timeout;
-    int fd = connect_once(addr, deadline);
-    TANDEM_CHECK(fd >= 0, Dist, where, ": connection lost while ", what,
-                 " (rank 0, which hosts the store, may have exited)");
-    return hello(fd, deadline);
+    return open(kRolePlain, Clock::now() + options.timeout, false, what);
   }
 
   // Runs f(Call&) on a pooled connection; the connection goes back unless it broke.
@@ -281,8 +341,10 @@ struct TCPStore::Client {
 TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
     : host_(std::move(host)), port_(port), options_(std::move(options)) {
   timeout_ = options_.timeout;
+  check_store_address(host_, options_.world_size, options_.local_world_size,
+                      "store host '" + host_ + "'");
   if (options_.is_master) {
-    server_ = std::make_unique<Server>(host_, port_, options_.job_id);
+    server_ = std::make_unique<Server>(host_, port_, options_);
     port_ = server_->port;
   }
   client_ = std::make_unique<Client>(host_, port_, options_);
@@ -294,7 +356,7 @@ TCPStore::~TCPStore() {
 }
 
 std::string TCPStore::address() const {
-  return host_ + ":" + std::to_string(port_);
+  return host_port(host_, port_);
 }
 
 void TCPStore::set(const std::string& key, const Bytes& value) {
@@ -302,10 +364,11 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
   TANDEM_CHECK(value.size() <= kMaxValue, Value, "store: value of ", value.size(),
                " bytes for key '", key, "' is over the limit of ", kMaxValue);
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kSet);
   w.str(key);
   w.bytes(value);
+  end_frame(msg);
   client_->request("setting key '" + key + "'", timeout(), timeout(), [&](Call& call) {
     call.send(msg);
     if (call.tag() != kReplyOk) call.protocol_error();
@@ -315,11 +378,12 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
 Bytes TCPStore::get(const std::string& key) {
   check_key(key);
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kGet);
   w.str(key);
   w.u64(static_cast<uint64_t>(timeout().count()));
   std::string what = "waiting for " + keys_text({key});
+  end_frame(msg);
   return client_->request(what, timeout(), timeout() + kReplyGrace, [&](Call& call) {
     call.send(msg);
     uint8_t t = call.tag();
@@ -334,10 +398,11 @@ Bytes TCPStore::get(const std::string& key) {
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
   check_key(key);
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kAdd);
   w.str(key);
   w.u64(static_cast<uint64_t>(delta));
+  end_frame(msg);
   return client_->request("adding to key '" + key + "'", timeout(), timeout(), [&](Call& call) {
     call.send(msg);
     if (call.tag() != kReplyInt) call.protocol_error();
@@ -348,7 +413,7 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
 bool TCPStore::check(const std::vector<std::string>& keys) {
   TANDEM_CHECK(keys.size() <= kMaxKeys, Value, "store: check of ", keys.size(), " keys");
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kCheck);
   w.u32(static_cast<uint32_t>(keys.size()));
   for (auto& k : keys) {
@@ -356,6 +421,9 @@ bool TCPStore::check(const std::vector<std::string>& keys) {
     w.str(k);
   }
   std::string what = "checking " + keys_text(keys);
+  end_frame(msg);
+  TANDEM_CHECK(msg.size() - 4 <= kMaxRequest, Value, "store: a check of ", keys.size(), " keys is ",
+               msg.size() - 4, " bytes, over the limit of ", kMaxRequest);
   return client_->request(what, timeout(), timeout(), [&](Call& call) {
     call.send(msg);
     if (call.tag() != kReplyBool) call.protocol_error();
@@ -367,7 +435,7 @@ void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) 
   if (keys.empty()) return;
   TANDEM_CHECK(keys.size() <= kMaxKeys, Value, "store: wait for ", keys.size(), " keys");
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kWait);
   w.u32(static_cast<uint32_t>(keys.size()));
   for (auto& k : keys) {
@@ -375,6 +443,9 @@ void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) 
     w.str(k);
   }
   w.u64(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
+  end_frame(msg);
+  TANDEM_CHECK(msg.size() - 4 <= kMaxRequest, Value, "store: a wait for ", keys.size(), " keys is ",
+               msg.size() - 4, " bytes, over the limit of ", kMaxRequest);
   client_->request("waiting for " + keys_text(keys), timeout, timeout + kReplyGrace,
                    [&](Call& call) {
                      call.send(msg);
@@ -390,13 +461,30 @@ void TCPStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) 
 bool TCPStore::delete_key(const std::string& key) {
   check_key(key);
   Bytes msg;
-  Writer w(msg);
+  Writer w = begin_frame(msg);
   w.u8(kDelete);
   w.str(key);
+  end_frame(msg);
   return client_->request("deleting key '" + key + "'", timeout(), timeout(), [&](Call& call) {
     call.send(msg);
     if (call.tag() != kReplyBool) call.protocol_error();
     return call.u8() != 0;
+  });
+}
+
+std::vector<int> TCPStore::disconnected_ranks() {
+  Bytes msg;
+  Writer w = begin_frame(msg);
+  w.u8(kDisconnected);
+  end_frame(msg);
+  return client_->request("asking which ranks left", timeout(), timeout(), [&](Call& call) {
+    call.send(msg);
+    if (call.tag() != kReplyRanks) call.protocol_error();
+    uint32_t n = call.u32();
+    if (n > (1u << 24)) call.protocol_error();
+    std::vector<int> ranks;
+    for (uint32_t i = 0; i < n; ++i) ranks.push_back(static_cast<int32_t>(call.u32()));
+    return ranks;
   });
 }
 

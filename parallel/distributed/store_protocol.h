@@ -23,26 +23,41 @@ using Clock = std::chrono::steady_clock;
 // ---- the wire format ---------------------------------------------------------------------
 //
 // A message is a command byte and its fields; a reply is a tag byte and its fields. Integers are
-// little-endian, strings and values a u32 length and the bytes. One request is in flight per
-// connection at a time, so replies need no ids. The hello and its bounds: Note [store
-// admission] in store_server.cpp.
+// little-endian, strings and values a u32 length and the bytes. The hello goes as it is; every
+// request after it is a frame: its length (u32) and then the message, so the server knows at once
+// how much to wait for and parses each request once, however it arrives (Note [store limits] in
+// store_server.cpp). One request is in flight per connection at a time, so replies need no ids.
 
 constexpr uint32_t kMagic = 0x746e646d;  // "tndm"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxJobId = 4096;
 constexpr size_t kMaxValue = size_t{64} << 20;
 constexpr uint32_t kMaxKeys = 1 << 16;  // in one check/wait
+// The largest frame: a set of the largest value (a check or wait of many keys must fit too).
+constexpr size_t kMaxRequest = kMaxValue + kMaxKey + 64;
 
-enum Command : uint8_t { kHello = 1, kSet, kGet, kAdd, kCheck, kWait, kDelete, kBye };
-// hello:  magic u32, version u32, job id, rank i32 -> accept | reject(reason u8)
-// set:    key, value                               -> ok
-// get:    key, timeout_ms u64                      -> value(bytes) | timeout(missing key)
-// add:    key, delta i64                           -> int(i64) | error(message)
-// check:  n u32, n keys                            -> bool(u8)
-// wait:   n u32, n keys, timeout_ms u64            -> ok | timeout(missing key)
-// delete: key                                      -> bool(u8)
-// bye:                                             -> ok
+enum Command : uint8_t {
+  kHello = 1,
+  kSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kDelete,
+  kBye,
+  kDisconnected
+};
+// hello:        magic u32, version u32, job id, rank i32, role u8 -> accept | reject(reason u8
+//                                                                    [, holder's address])
+// set:          key, value                        -> ok
+// get:          key, timeout_ms u64               -> value(bytes) | timeout(missing key)
+// add:          key, delta i64                    -> int(i64) | error(message)
+// check:        n u32, n keys                     -> bool(u8)
+// wait:         n u32, n keys, timeout_ms u64     -> ok | timeout(missing key)
+// delete:       key                               -> bool(u8)
+// bye:                                            -> ok
+// disconnected:                                   -> ranks(n u32, n i32)
 enum ReplyTag : uint8_t {
   kReplyOk = 1,
   kReplyValue,
@@ -51,9 +66,14 @@ enum ReplyTag : uint8_t {
   kReplyTimeout,
   kReplyAccept,
   kReplyReject,
-  kReplyError
+  kReplyError,
+  kReplyRanks
 };
-enum RejectReason : uint8_t { kRejectJob = 1, kRejectVersion = 2 };
+// A reject of a rank that is taken carries the address the rank is connected from.
+enum RejectReason : uint8_t { kRejectJob = 1, kRejectVersion = 2, kRejectRankTaken = 3 };
+// The session connection of a rank is the one the server tracks (Note [disconnect tracking] in
+// store_server.cpp); requests go over plain ones.
+enum Role : uint8_t { kRolePlain = 0, kRoleSession = 1 };
 
 class Writer {
  public:
@@ -75,6 +95,16 @@ class Writer {
  private:
   Bytes& out_;
 };
+
+// A request frame: begin() leaves room for the length, end() writes it.
+inline Writer begin_frame(Bytes& out) {
+  out.assign(4, 0);
+  return Writer(out);
+}
+inline void end_frame(Bytes& out) {
+  uint32_t n = static_cast<uint32_t>(out.size() - 4);
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+}
 
 // Reads fields from a buffer that may hold only part of a message. Every read returns false
 // when the bytes are not all there yet, or when a length is over its bound (then bad() is true:
@@ -139,18 +169,31 @@ inline std::string seconds_text(Milliseconds t) {
   return s;
 }
 
-inline sockaddr_in resolve_ipv4(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  TANDEM_CHECK(rc == 0 && res != nullptr, Dist, "store: cannot resolve host '", host,
-               "': ", rc == 0 ? "no IPv4 address" : ::gai_strerror(rc));
-  sockaddr_in addr = *reinterpret_cast<const sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
-  addr.sin_port = htons(port);
-  return addr;
+// A resolved store address: IPv4 when the host has one, else IPv6 (Note [the store's address]
+// in store_server.cpp).
+struct Endpoint {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  int family = AF_INET;
+  std::string ip;  // numeric, for messages
+  bool loopback = false;
+};
+
+// "[::1]" -> "::1": the bracketed form of an IPv6 address is accepted everywhere.
+inline std::string unbracket(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    return host.substr(1, host.size() - 2);
+  return host;
+}
+
+// Resolves host (a name or a numeric address, IPv4 or IPv6). Throws DistError when it cannot.
+Endpoint resolve_endpoint(const std::string& host, uint16_t port);
+
+// "10.0.0.1:29500", "[::1]:29500"
+inline std::string host_port(const std::string& host, uint16_t port) {
+  std::string h = unbracket(host);
+  if (h.find(':') != std::string::npos) h = "[" + h + "]";
+  return h + ":" + std::to_string(port);
 }
 
 // A poll() timeout that ends just after `deadline` (0 once it has passed).

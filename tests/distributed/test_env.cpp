@@ -1,4 +1,8 @@
 // The environment contract, read through a fake environment.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
+
 #include <map>
 #include <string>
 
@@ -191,7 +195,8 @@ TEST_CASE("env: every bad value is named with its value", "[dist]") {
 }
 
 TEST_CASE("env: under torchrun's agent store tandem's store takes the next port", "[dist]") {
-  const Vars torchrun = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}};
+  const Vars torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"}};
   CHECK(read(torchrun).master_port == 29400);
   Vars agent = torchrun;
   agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
@@ -203,4 +208,49 @@ TEST_CASE("env: under torchrun's agent store tandem's store takes the next port"
   agent.erase("TANDEM_STORE_PORT");
   agent["MASTER_PORT"] = "65535";
   CHECK(contains(error_of(agent), "TANDEM_STORE_PORT"));
+}
+
+TEST_CASE("env: a job across nodes may not reach its store through a loopback name", "[dist]") {
+  // Debian and Ubuntu map the machine's own name to 127.0.1.1, so MASTER_ADDR=$(hostname) would
+  // put the store on loopback, where the other nodes never find it; "localhost" is the same trap.
+  Vars v = {
+      {"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "localhost"}};
+  auto msg = error_of(v);
+  REQUIRE(contains(msg,
+                   "MASTER_ADDR=localhost resolves to 127.0.0.1, a loopback address, but the job "
+                   "spans several nodes (world size 4, 2 per node)"));
+  REQUIRE(contains(msg, "hostname -I"));
+  // On one node loopback is right.
+  v["LOCAL_WORLD_SIZE"] = "4";
+  REQUIRE(read(v).master_addr == "localhost");
+  // A numeric loopback address is taken at its word: that is how several "nodes" share one
+  // machine in tests.
+  v["LOCAL_WORLD_SIZE"] = "2";
+  v["MASTER_ADDR"] = "127.0.0.1";
+  REQUIRE(read(v).master_addr == "127.0.0.1");
+  v["MASTER_ADDR"] = "::1";
+  REQUIRE(read(v).master_addr == "::1");
+  // MASTER_ADDR=$(hostname): an error exactly where the name lands on loopback.
+  char host[256] = "";
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host, nullptr, &hints, &res) == 0) {
+    bool loopback = false;
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      if (a->ai_family == AF_INET) {
+        loopback =
+            (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        break;
+      }
+    }
+    ::freeaddrinfo(res);
+    v["MASTER_ADDR"] = host;
+    if (loopback) {
+      REQUIRE(contains(error_of(v), "MASTER_ADDR=" + std::string(host) + " resolves to 127."));
+    } else {
+      REQUIRE(read(v).master_addr == host);
+    }
+  }
 }

@@ -2,6 +2,7 @@
 // for a rank that dies, raw sockets for strangers.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -230,7 +231,7 @@ TEST_CASE("store: store_barrier", "[dist]") {
   std::deque<Worker> threads;
   for (int r = 0; r < kWorld; ++r) {
     threads.emplace_back([&, r] {
-      auto s = make_client(*master, r);
+      auto s = make_client(*master, r + 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(30 * r));
       store_barrier(*s, "barrier/0", kWorld, 2s);
       seen[r] = s->add("barrier/0/arrived", 0);
@@ -243,7 +244,7 @@ TEST_CASE("store: store_barrier", "[dist]") {
   threads.clear();
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto s = make_client(*master, r);
+      auto s = make_client(*master, r + 1);
       store_barrier(*s, "barrier/1", 3, 200ms);
     });
   }
@@ -383,4 +384,167 @@ TEST_CASE("store: strangers on the port do not disturb the server", "[dist]") {
   REQUIRE(master->get_string("before") == "1");
   REQUIRE(client->add("n", 1) == 1);
   REQUIRE_FALSE(master->check({store_disconnected_key(-1)}));
+}
+
+TEST_CASE("store: a rank whose request timed out on its side is not reported disconnected",
+          "[dist]") {
+  // The store's process stops answering for a while (SIGSTOP here; a loaded machine in life): a
+  // request runs past its deadline, and the client closes that connection, out of step with the
+  // server, without a goodbye. The rank itself is alive and carries on once the store answers.
+  int port_pipe[2];
+  REQUIRE(::pipe(port_pipe) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    try {
+      TCPStore master(kHost, 0, TCPStoreOptions{true, 0, 2s, kJob});
+      uint16_t p = master.port();
+      if (::write(port_pipe[1], &p, sizeof p) != sizeof p) ::_exit(1);
+      for (;;) ::pause();
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  uint16_t port = 0;
+  REQUIRE(::read(port_pipe[0], &port, sizeof port) == sizeof port);
+  TCPStore client(kHost, port, TCPStoreOptions{false, 4, 300ms, kJob});
+  client.set("before", std::string("1"));
+  ::kill(pid, SIGSTOP);
+  int stopped = 0;
+  REQUIRE(::waitpid(pid, &stopped, WUNTRACED) == pid);
+  REQUIRE(WIFSTOPPED(stopped));
+  auto msg = error_message<TimeoutError>([&] { client.check({"before"}); });
+  ::kill(pid, SIGCONT);
+  REQUIRE(contains(msg, "timed out after 0.3 s checking key 'before'"));
+  client.set_timeout(2s);
+  client.set("after", std::string("1"));
+  std::this_thread::sleep_for(200ms);
+  REQUIRE_FALSE(client.check({store_disconnected_key(4)}));
+  REQUIRE(client.disconnected_ranks().empty());
+}
+
+TEST_CASE("store: a second process claiming a live rank is refused, and its exit marks nothing",
+          "[dist]") {
+  auto master = make_master();
+  auto rank5 = make_client(*master, 5);
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // Another process with the same rank (RANK set twice), which then exits without unwinding.
+    std::string said = "admitted";
+    try {
+      auto* twin = new TCPStore(kHost, master->port(), TCPStoreOptions{false, 5, 2s, kJob});
+      twin->set("twin", std::string("here"));
+    } catch (const std::exception& e) {
+      said = e.what();
+    }
+    if (::write(pipe_fds[1], said.data(), said.size()) < 0) ::_exit(2);
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;)
+    said.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  INFO(said);
+  REQUIRE(contains(said, prefix(*master, 5) +
+                             ": refused: rank 5 is already connected to this store (from " + kHost +
+                             ":"));
+  REQUIRE(contains(said, "is RANK the same in two processes?"));
+  std::this_thread::sleep_for(200ms);
+  REQUIRE_FALSE(master->check({store_disconnected_key(5)}));
+  REQUIRE(master->disconnected_ranks().empty());
+  rank5->set("still", std::string("rank 5"));
+  REQUIRE(master->get_string("still") == "rank 5");
+  // Once rank 5 has said goodbye, its rank is free again.
+  rank5.reset();
+  auto again = make_client(*master, 5);
+  again->set("again", std::string("1"));
+}
+
+TEST_CASE("store: disconnected_ranks answers in one request, through any PrefixStore", "[dist]") {
+  auto master = make_master();
+  std::shared_ptr<Store> base = make_client(*master, 1);
+  PrefixStore group("group/3", std::make_shared<PrefixStore>("default_pg", base));
+  REQUIRE(group.disconnected_ranks().empty());
+  for (int r : {7, 2}) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      try {
+        new TCPStore(kHost, master->port(), TCPStoreOptions{false, r, 2s, kJob});
+      } catch (...) {
+        ::_exit(1);
+      }
+      ::_exit(0);  // no goodbye
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    master->wait({store_disconnected_key(r)}, 2s);
+  }
+  { auto polite = make_client(*master, 3); }
+  REQUIRE(master->disconnected_ranks() == std::vector<int>{2, 7});
+  REQUIRE(base->disconnected_ranks() == std::vector<int>{2, 7});
+  REQUIRE(group.disconnected_ranks() == std::vector<int>{2, 7});
+  // The per-rank keys stay, at the root of the key space, for a rank that waits for one.
+  REQUIRE(base->get_string(store_disconnected_key(7)) == "1");
+  REQUIRE_FALSE(group.check({store_disconnected_key(7)}));
+}
+
+TEST_CASE("store: IPv6 addresses work", "[dist]") {
+  {
+    int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      WARN("no IPv6 loopback on this machine: skipped");
+      return;
+    }
+  }
+  TCPStore master("::1", 0, TCPStoreOptions{true, 0, 2s, kJob});
+  REQUIRE(master.address() == "[::1]:" + std::to_string(master.port()));
+  TCPStore client("[::1]", master.port(), TCPStoreOptions{false, 1, 2s, kJob});
+  client.set("k", std::string("over IPv6"));
+  REQUIRE(master.get_string("k") == "over IPv6");
+  REQUIRE(client.add("n", 3) == 3);
+  // Bound to ::1 only: the IPv4 loopback on the same port finds nobody.
+  auto msg = error_message<DistError>([&] {
+    TCPStore(kHost, master.port(), TCPStoreOptions{false, 2, 200ms, kJob});
+  });
+  REQUIRE(contains(msg, "nothing listening at 127.0.0.1:"));
+}
+
+TEST_CASE("store: a job across nodes may not bind or reach its store through a loopback name",
+          "[dist]") {
+  TCPStoreOptions o{true, 0, 2s, kJob};
+  o.world_size = 4;
+  o.local_world_size = 2;
+  auto msg = error_message<DistError>([&] { TCPStore("localhost", 0, o); });
+  REQUIRE(contains(
+      msg,
+      "store host 'localhost' resolves to 127.0.0.1, a loopback address, but the job spans "
+      "several nodes (world size 4, 2 per node)"));
+  REQUIRE(contains(msg, "set MASTER_ADDR to an address of rank 0's node"));
+  TCPStore numeric(kHost, 0, o);  // a numeric address is taken at its word
+  o.local_world_size = 4;
+  TCPStore one_node("localhost", 0, o);
+  REQUIRE(one_node.port() != 0);
 }
