@@ -38,6 +38,7 @@
 
 #include "autograd/ops.h"
 #include "distributed/dist_test_model.h"
+#include "core/allocator.h"
 #include "core/generator.h"
 #include "nn/nn.h"
 #include "parallel/distributed/ddp.h"
@@ -470,11 +471,14 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
 
 void print_zero_memory(const char* when, const parallel::sharded::ZeroRedundancyOptimizer& zero) {
   const auto m = zero.memory();
+  // live / peak: the allocator's CPU bytes now and at most since the step began (everything the
+  // process holds: batches, activations and Gloo's buffers too).
   std::printf("zero-memory %s world %d stage %d numel %lld shard %lld params %lld shard_params %lld grads %lld "
-              "state %lld ddp_params %lld ddp_grads %lld ddp_state %lld\n",
+              "state %lld ddp_params %lld ddp_grads %lld ddp_state %lld live %lld peak %lld\n",
               when, m.world_size, m.stage, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
               (long long)m.shard_parameters, (long long)m.gradients, (long long)m.optimizer_state,
-              (long long)m.ddp_parameters, (long long)m.ddp_gradients, (long long)m.ddp_optimizer_state);
+              (long long)m.ddp_parameters, (long long)m.ddp_gradients, (long long)m.ddp_optimizer_state,
+              (long long)allocated_bytes(kCPU), (long long)max_allocated_bytes(kCPU));
   std::printf("%s %s\n", when, m.str().c_str());
 }
 
@@ -487,6 +491,7 @@ void run_zero_memory(const std::shared_ptr<ProcessGroup>& group, const Flags& f)
   for (const auto& [x, y] : batches) {
     auto [s, e] = shard(B, r, w);
     zero->zero_grad();
+    reset_max_allocated_bytes(kCPU);
     shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
     print_zero_memory("after-backward", *zero);
     zero->step();
