@@ -408,6 +408,65 @@ const nn::StateDict& ZeroRedundancyOptimizer::state_dict() const {
   return consolidated_;
 }
 
+void ZeroRedundancyOptimizer::load_state_dict(const nn::StateDict& state) {
+  NoGradGuard no_grad;
+  const int rank = group_->rank(), world = group_->size();
+  // The names of the state kinds, in order, from the entries of parameter 0's bucket-mates.
+  auto entry = [&](size_t i, const std::string& name) -> const Tensor* {
+    return state.find("state." + std::to_string(i) + "." + name);
+  };
+  std::vector<std::string> kinds;
+  for (size_t k = 0; k < state.size(); ++k) {
+    const std::string& key = state.item(k).first;
+    const size_t dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
+    TANDEM_CHECK(key.rfind("state.", 0) == 0 && dot2 != std::string::npos, Value,
+                 "ZeroRedundancyOptimizer::load_state_dict: '", key, "' is not state.<i>.<name>");
+    const size_t i = std::stoul(key.substr(dot1 + 1, dot2 - dot1 - 1));
+    TANDEM_CHECK(i < params_.size(), Value, "ZeroRedundancyOptimizer::load_state_dict: '", key, "' names parameter ",
+                 i, " of ", params_.size());
+    const std::string name = key.substr(dot2 + 1);
+    if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) kinds.push_back(name);
+  }
+  nn::StateDict local;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bk = buckets_[b];
+    const size_t first = bk.params[0];
+    const bool has = !kinds.empty() && entry(first, kinds.back()) != nullptr;
+    for (size_t i : bk.params) {
+      for (const std::string& name : kinds) {
+        TANDEM_CHECK((entry(i, name) != nullptr) == has, Value, "ZeroRedundancyOptimizer::load_state_dict: parameter ",
+                     i, (has ? " lacks '" : " has '"), name, "' but parameter ", first,
+                     " of the same bucket does not (the shard of a bucket has state for all or none)");
+      }
+    }
+    if (!has) continue;
+    for (const std::string& name : kinds) {
+      const std::string key = "state." + std::to_string(b) + "." + name;
+      const Tensor& t0 = *entry(first, name);
+      if (name == "step" || (t0.dim() == 0 && params_[first].dim() != 0)) {  // a count: one per shard
+        const double v = t0.to(kCPU).to(kFloat64).item();
+        for (size_t i : bk.params) {
+          const double vi = entry(i, name)->to(kCPU).to(kFloat64).item();
+          TANDEM_CHECK(vi == v, Value, "ZeroRedundancyOptimizer::load_state_dict: 'state.", i, ".", name, "' is ", vi,
+                       " but 'state.", first, ".", name, "' of the same bucket is ", v);
+        }
+        local.insert(key, t0.clone());
+        continue;
+      }
+      Tensor full = zeros({bk.shard * world}, t0.dtype(), kCPU);
+      for (size_t k = 0; k < bk.params.size(); ++k) {
+        const Tensor& p = params_[bk.params[k]];
+        const Tensor& t = *entry(bk.params[k], name);
+        TANDEM_CHECK(t.numel() == p.numel(), Shape, "ZeroRedundancyOptimizer::load_state_dict: 'state.", bk.params[k],
+                     ".", name, "' has ", t.numel(), " elements but the parameter has ", p.numel());
+        full.slice(0, bk.offset[k], bk.offset[k] + p.numel()).copy_(t.to(kCPU).contiguous().view({-1}));
+      }
+      local.insert(key, full.slice(0, rank * bk.shard, (rank + 1) * bk.shard).clone());
+    }
+  }
+  optim_->load_state_dict(local);
+}
+
 ShardedMemory ZeroRedundancyOptimizer::memory() const {
   ShardedMemory m;
   m.rank = group_->rank();

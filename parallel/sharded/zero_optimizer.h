@@ -137,6 +137,12 @@ class ZeroRedundancyOptimizer {
   // The consolidated state (see above); Error on a rank that holds none (call
   // consolidate_state_dict(to) on every rank first).
   const nn::StateDict& state_dict() const;
+  // The other way: every rank passes the whole state in a plain optimizer's layout (a
+  // consolidated state_dict(), or a plain optimizer's over the same parameters) and keeps its
+  // shard of it. Within a bucket every parameter must have state, or none, and one step count
+  // (the shard steps as one tensor); ValueError naming the entry otherwise. Shapes and dtypes
+  // are checked by the wrapped optimizer's load_state_dict. Communicates nothing.
+  void load_state_dict(const nn::StateDict& state);
 
   double lr() const { return optim_->lr(); }
   void set_lr(double lr) { optim_->set_lr(lr); }

@@ -22,7 +22,8 @@
 //                          reduced) vs DDP with the plain optimizer in the same ranks
 //                          ("zero_vs_ddp X") and, on rank 0, one process on the global batch
 //                          ("zero_vs_ref X") and the consolidated state vs the plain optimizer's
-//                          ("state_vs_ref X"); "params HASH" per rank
+//                          ("state_vs_ref X"); "params HASH" per rank; then the state consolidated
+//                          to every rank, loaded into a fresh optimizer, one more step ("resume_vs_zero 0")
 //   zero-memory [--stage 1|2] [--optim ...] [--bucket-kb K]   one step; "zero-memory ..." lines
 //                          with the bytes this rank holds after backward and after the step
 //   zero-kill [--stage 1|2] [--kill-at reduce|gather]   rank 1 SIGKILLs itself at step 2 before
@@ -467,6 +468,34 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     }
     require(threw, "state_dict on a rank that holds no consolidated state is an error");
   }
+  // Resume: every rank consolidates the state to itself in turn and loads it into a fresh ZeRO
+  // optimizer over a copy of the parameters; one more step of both gives the same bits.
+  nn::StateDict full = r == 0 ? zero->state_dict() : nn::StateDict();
+  for (int to = 1; to < w; ++to) {
+    zero->consolidate_state_dict(to);
+    if (to == r) full = zero->state_dict();
+  }
+  auto net2 = make_net(100 + r, false, kZeroClasses);
+  {
+    NoGradGuard no_grad;
+    auto p1 = net->parameters(), p2 = net2->parameters();
+    for (size_t k = 0; k < p1.size(); ++k) p2[k].copy_(p1[k]);
+  }
+  std::unique_ptr<DistributedDataParallel> zddp2;
+  if (f.on("--ddp")) zddp2 = std::make_unique<DistributedDataParallel>(net2, group);
+  auto zero2 = make_zero(net2->parameters(), group, f);
+  zero2->load_state_dict(full);
+  const auto& [x, y] = batches[0];
+  auto [s, e] = shard(B, r, w);
+  for (auto* z : {zero.get(), zero2.get()}) {
+    nn::Module& m = z == zero.get() ? *net : *net2;
+    z->zero_grad();
+    shard_loss(m, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    z->step();
+  }
+  const double resumed = zero_rel_err(net2->parameters(), net->parameters());
+  std::printf("resume_vs_zero %.3g\n", resumed);
+  require(resumed == 0, "a ZeRO optimizer resumed from the consolidated state steps to the same bits");
 }
 
 void print_zero_memory(const char* when, const parallel::sharded::ZeroRedundancyOptimizer& zero) {
