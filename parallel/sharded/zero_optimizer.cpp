@@ -33,14 +33,20 @@ namespace {
 
 constexpr int64_t kStage2DefaultCapBytes = 25 * 1024 * 1024;
 
-int64_t tensor_bytes(const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+int64_t tensor_bytes(const Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+}
 
 std::string human_bytes(int64_t b) {
   char buf[32];
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  else if (b < 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else if (b < 1024LL * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b < 1024)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  else if (b < 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else if (b < 1024LL * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
   return buf;
 }
 
@@ -60,14 +66,16 @@ int64_t layout_hash(const std::vector<Tensor>& params) {
 
 std::string ShardedMemory::str() const {
   std::ostringstream o;
-  o << "ZeRO-" << stage << " rank " << rank << "/" << world_size << ": params " << human_bytes(parameters)
-    << " + shard " << human_bytes(shard_parameters) << ", grads " << human_bytes(gradients)
-    << ", optimizer state " << human_bytes(optimizer_state) << " (DDP: params " << human_bytes(ddp_parameters)
-    << ", grads " << human_bytes(ddp_gradients) << ", optimizer state " << human_bytes(ddp_optimizer_state) << ")";
+  o << "ZeRO-" << stage << " rank " << rank << "/" << world_size << ": params "
+    << human_bytes(parameters) << " + shard " << human_bytes(shard_parameters) << ", grads "
+    << human_bytes(gradients) << ", optimizer state " << human_bytes(optimizer_state)
+    << " (DDP: params " << human_bytes(ddp_parameters) << ", grads " << human_bytes(ddp_gradients)
+    << ", optimizer state " << human_bytes(ddp_optimizer_state) << ")";
   return o.str();
 }
 
-ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerFactory optimizer_class,
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
+                                                 OptimizerFactory optimizer_class,
                                                  std::shared_ptr<ProcessGroup> group,
                                                  ZeroRedundancyOptimizerOptions options)
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
@@ -76,21 +84,25 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
   TANDEM_CHECK(options_.stage == 1 || options_.stage == 2, Value, "ZeroRedundancyOptimizer: stage ",
                options_.stage, " is not built (1: optimizer state, 2: + gradients)");
   TANDEM_CHECK(!(options_.stage == 2 && options_.gradients_reduced), Value,
-               "ZeroRedundancyOptimizer: gradients_reduced needs stage 1 (stage 2 reduces the gradients itself)");
+               "ZeroRedundancyOptimizer: gradients_reduced needs stage 1 (stage 2 reduces the "
+               "gradients itself)");
   TANDEM_CHECK(!options_.bucket_cap_mb || *options_.bucket_cap_mb > 0, Value,
-               "ZeroRedundancyOptimizer: bucket_cap_mb must be positive, got ", options_.bucket_cap_mb.value_or(0));
+               "ZeroRedundancyOptimizer: bucket_cap_mb must be positive, got ",
+               options_.bucket_cap_mb.value_or(0));
   TANDEM_CHECK(!params_.empty(), Value, "ZeroRedundancyOptimizer: no parameters");
   std::set<const void*> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     TANDEM_CHECK(p.defined(), Value, "ZeroRedundancyOptimizer: parameter ", i, " is undefined");
-    TANDEM_CHECK(p.is_leaf(), Value, "ZeroRedundancyOptimizer: parameter ", i, " ", p.str(), " is not a leaf");
+    TANDEM_CHECK(p.is_leaf(), Value, "ZeroRedundancyOptimizer: parameter ", i, " ", p.str(),
+                 " is not a leaf");
     TANDEM_CHECK(is_floating(p.dtype()), DType, "ZeroRedundancyOptimizer: parameter ", i, " is ",
                  dtype_name(p.dtype()));
-    TANDEM_CHECK(p.device() == group_->device(), Device, "ZeroRedundancyOptimizer: parameter ", i, " is on ",
-                 p.device().str(), " but the process group's tensors live on ", group_->device().str());
-    TANDEM_CHECK(seen.insert(p.raw_data()).second || p.numel() == 0, Value, "ZeroRedundancyOptimizer: parameter ",
-                 i, " is repeated");
+    TANDEM_CHECK(p.device() == group_->device(), Device, "ZeroRedundancyOptimizer: parameter ", i,
+                 " is on ", p.device().str(), " but the process group's tensors live on ",
+                 group_->device().str());
+    TANDEM_CHECK(seen.insert(p.raw_data()).second || p.numel() == 0, Value,
+                 "ZeroRedundancyOptimizer: parameter ", i, " is repeated");
   }
 
   const int rank = group_->rank(), world = group_->size();
@@ -100,17 +112,19 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
   if (world > 1) {
     int64_t total = 0;
     for (const Tensor& p : params_) total += p.numel();
-    std::vector<int64_t> mine_v = {static_cast<int64_t>(params_.size()), total, layout_hash(params_)};
+    std::vector<int64_t> mine_v = {static_cast<int64_t>(params_.size()), total,
+                                   layout_hash(params_)};
     Tensor mine = from_vector<int64_t>(mine_v, {3}, group_->device());
     Tensor all = zeros({3 * world}, kInt64, group_->device());
     group_->allgather(all, mine)->wait();
     const std::vector<int64_t> v = all.to_vector<int64_t>();
     for (int r = 0; r < world; ++r) {
-      TANDEM_CHECK(v[size_t(3 * r)] == v[0] && v[size_t(3 * r + 1)] == v[1] && v[size_t(3 * r + 2)] == v[2], Dist,
-                   "ZeroRedundancyOptimizer: the parameters differ between ranks: rank 0 has ", v[0],
-                   " parameters of ", v[1], " elements, rank ", r, " has ", v[size_t(3 * r)], " of ",
-                   v[size_t(3 * r + 1)], (v[size_t(3 * r + 1)] == v[1] ? " (shapes or dtypes differ)" : ""),
-                   "; every rank must pass the same parameters in the same order");
+      TANDEM_CHECK(
+          v[size_t(3 * r)] == v[0] && v[size_t(3 * r + 1)] == v[1] && v[size_t(3 * r + 2)] == v[2],
+          Dist, "ZeroRedundancyOptimizer: the parameters differ between ranks: rank 0 has ", v[0],
+          " parameters of ", v[1], " elements, rank ", r, " has ", v[size_t(3 * r)], " of ",
+          v[size_t(3 * r + 1)], (v[size_t(3 * r + 1)] == v[1] ? " (shapes or dtypes differ)" : ""),
+          "; every rank must pass the same parameters in the same order");
     }
     std::vector<Tensor> state;
     for (const Tensor& p : params_) state.push_back(p.detach());
@@ -118,9 +132,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
   }
 
   // Buckets (Note [zero layout]).
-  const int64_t cap = options_.bucket_cap_mb
-                          ? std::max<int64_t>(1, static_cast<int64_t>(*options_.bucket_cap_mb * 1024 * 1024))
-                          : (options_.stage == 2 ? kStage2DefaultCapBytes : std::numeric_limits<int64_t>::max());
+  const int64_t cap =
+      options_.bucket_cap_mb
+          ? std::max<int64_t>(1, static_cast<int64_t>(*options_.bucket_cap_mb * 1024 * 1024))
+          : (options_.stage == 2 ? kStage2DefaultCapBytes : std::numeric_limits<int64_t>::max());
   const auto assignment = assign_buckets(params_, cap, cap);
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
@@ -141,8 +156,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
   // The shard parameters: one flat buffer (float of the parameters' dtype; mixed dtypes get
   // one buffer each would be needed, so they are refused here).
   for (const Tensor& p : params_) {
-    TANDEM_CHECK(p.dtype() == params_[0].dtype(), DType, "ZeroRedundancyOptimizer: parameters of different dtypes (",
-                 dtype_name(params_[0].dtype()), " and ", dtype_name(p.dtype()), ") are not supported");
+    TANDEM_CHECK(p.dtype() == params_[0].dtype(), DType,
+                 "ZeroRedundancyOptimizer: parameters of different dtypes (",
+                 dtype_name(params_[0].dtype()), " and ", dtype_name(p.dtype()),
+                 ") are not supported");
   }
   shard_params_flat_ = zeros({shard_total}, params_[0].dtype(), group_->device());
   std::vector<Tensor> shard_params;
@@ -156,17 +173,20 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
       const Tensor& p = params_[b.params[k]];
       const int64_t s = std::max(lo, b.offset[k]), e = std::min(hi, b.offset[k] + p.numel());
       if (s >= e) continue;
-      b.shard_param.slice(0, s - lo, e - lo).copy_(p.contiguous().view({-1}).slice(0, s - b.offset[k], e - b.offset[k]));
+      b.shard_param.slice(0, s - lo, e - lo)
+          .copy_(p.contiguous().view({-1}).slice(0, s - b.offset[k], e - b.offset[k]));
     }
     shard_params.push_back(b.shard_param);
   }
   optim_ = optimizer_class(std::move(shard_params));
-  TANDEM_CHECK(optim_ != nullptr, Value, "ZeroRedundancyOptimizer: the optimizer class made no optimizer");
+  TANDEM_CHECK(optim_ != nullptr, Value,
+               "ZeroRedundancyOptimizer: the optimizer class made no optimizer");
 
   if (options_.stage == 2) {
     ready_.assign(params_.size(), 0);
     for (size_t i = 0; i < params_.size(); ++i) {
-      hook_ids_.push_back(params_[i].register_grad_hook([this, i](const Tensor& g) { on_gradient(i, g); }));
+      hook_ids_.push_back(
+          params_[i].register_grad_hook([this, i](const Tensor& g) { on_gradient(i, g); }));
     }
   }
 }
@@ -259,8 +279,10 @@ void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   for (const Tensor& p : params_) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (set_to_none) p.set_grad(Tensor());
-    else g.zero_();
+    if (set_to_none)
+      p.set_grad(Tensor());
+    else
+      g.zero_();
   }
   for (Bucket& b : buckets_) {
     if (set_to_none || !b.shard_grad.defined()) {
@@ -302,7 +324,8 @@ void ZeroRedundancyOptimizer::on_gradient(size_t i, const Tensor& grad) {
 void ZeroRedundancyOptimizer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    if (!b.staging.defined()) b.staging = zeros({b.shard * group_->size()}, params_[0].dtype(), group_->device());
+    if (!b.staging.defined())
+      b.staging = zeros({b.shard * group_->size()}, params_[0].dtype(), group_->device());
     b.incoming = empty({b.shard}, params_[0].dtype(), group_->device());
     b.work = group_->reduce_scatter(b.incoming, b.staging, ReduceOp::Avg);
     ++next_launch_;
@@ -345,7 +368,8 @@ void ZeroRedundancyOptimizer::finish_backward() {
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const int rank = group_->rank(), world = group_->size();
-  TANDEM_CHECK(to >= 0 && to < world, Value, "ZeroRedundancyOptimizer::consolidate_state_dict: to=", to,
+  TANDEM_CHECK(to >= 0 && to < world, Value,
+               "ZeroRedundancyOptimizer::consolidate_state_dict: to=", to,
                " is not a rank of a group of ", world);
   NoGradGuard no_grad;
   const nn::StateDict local = optim_->state_dict();  // "state.<b>.<name>", tensors [S_b] or "step"
@@ -366,7 +390,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     const Bucket& bk = buckets_[b];
     for (const auto& [name, t] : per_bucket[b]) {
       const bool like = t.numel() == bk.shard && t.dim() == 1 && name != "step";
-      full[b].push_back(rank == to && like ? empty({bk.shard * world}, t.dtype(), t.device()) : Tensor());
+      full[b].push_back(rank == to && like ? empty({bk.shard * world}, t.dtype(), t.device())
+                                           : Tensor());
     }
     for (int r = 0; r < world; ++r) {
       for (size_t k = 0; k < per_bucket[b].size(); ++k) {
@@ -394,7 +419,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
         consolidated_.insert(key, t.to(kCPU).clone());
       } else {
         const int64_t off = buckets_[b].offset[k];
-        consolidated_.insert(key, full[b][s].slice(0, off, off + p.numel()).view(p.shape()).clone());
+        consolidated_.insert(key,
+                             full[b][s].slice(0, off, off + p.numel()).view(p.shape()).clone());
       }
     }
   }
@@ -402,8 +428,10 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
 }
 
 const nn::StateDict& ZeroRedundancyOptimizer::state_dict() const {
-  TANDEM_CHECK(has_consolidated_, Value, "ZeroRedundancyOptimizer::state_dict on rank ", group_->rank(),
-               ": no consolidated state here; call consolidate_state_dict(to) on every rank first and read it on "
+  TANDEM_CHECK(has_consolidated_, Value, "ZeroRedundancyOptimizer::state_dict on rank ",
+               group_->rank(),
+               ": no consolidated state here; call consolidate_state_dict(to) on every rank first "
+               "and read it on "
                "rank `to`");
   return consolidated_;
 }
@@ -422,8 +450,8 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::StateDict& state) {
     TANDEM_CHECK(key.rfind("state.", 0) == 0 && dot2 != std::string::npos, Value,
                  "ZeroRedundancyOptimizer::load_state_dict: '", key, "' is not state.<i>.<name>");
     const size_t i = std::stoul(key.substr(dot1 + 1, dot2 - dot1 - 1));
-    TANDEM_CHECK(i < params_.size(), Value, "ZeroRedundancyOptimizer::load_state_dict: '", key, "' names parameter ",
-                 i, " of ", params_.size());
+    TANDEM_CHECK(i < params_.size(), Value, "ZeroRedundancyOptimizer::load_state_dict: '", key,
+                 "' names parameter ", i, " of ", params_.size());
     const std::string name = key.substr(dot2 + 1);
     if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) kinds.push_back(name);
   }
@@ -434,21 +462,25 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::StateDict& state) {
     const bool has = !kinds.empty() && entry(first, kinds.back()) != nullptr;
     for (size_t i : bk.params) {
       for (const std::string& name : kinds) {
-        TANDEM_CHECK((entry(i, name) != nullptr) == has, Value, "ZeroRedundancyOptimizer::load_state_dict: parameter ",
-                     i, (has ? " lacks '" : " has '"), name, "' but parameter ", first,
-                     " of the same bucket does not (the shard of a bucket has state for all or none)");
+        TANDEM_CHECK(
+            (entry(i, name) != nullptr) == has, Value,
+            "ZeroRedundancyOptimizer::load_state_dict: parameter ", i,
+            (has ? " lacks '" : " has '"), name, "' but parameter ", first,
+            " of the same bucket does not (the shard of a bucket has state for all or none)");
       }
     }
     if (!has) continue;
     for (const std::string& name : kinds) {
       const std::string key = "state." + std::to_string(b) + "." + name;
       const Tensor& t0 = *entry(first, name);
-      if (name == "step" || (t0.dim() == 0 && params_[first].dim() != 0)) {  // a count: one per shard
+      if (name == "step" ||
+          (t0.dim() == 0 && params_[first].dim() != 0)) {  // a count: one per shard
         const double v = t0.to(kCPU).to(kFloat64).item();
         for (size_t i : bk.params) {
           const double vi = entry(i, name)->to(kCPU).to(kFloat64).item();
-          TANDEM_CHECK(vi == v, Value, "ZeroRedundancyOptimizer::load_state_dict: 'state.", i, ".", name, "' is ", vi,
-                       " but 'state.", first, ".", name, "' of the same bucket is ", v);
+          TANDEM_CHECK(vi == v, Value, "ZeroRedundancyOptimizer::load_state_dict: 'state.", i, ".",
+                       name, "' is ", vi, " but 'state.", first, ".", name,
+                       "' of the same bucket is ", v);
         }
         local.insert(key, t0.clone());
         continue;
@@ -457,9 +489,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const nn::StateDict& state) {
       for (size_t k = 0; k < bk.params.size(); ++k) {
         const Tensor& p = params_[bk.params[k]];
         const Tensor& t = *entry(bk.params[k], name);
-        TANDEM_CHECK(t.numel() == p.numel(), Shape, "ZeroRedundancyOptimizer::load_state_dict: 'state.", bk.params[k],
-                     ".", name, "' has ", t.numel(), " elements but the parameter has ", p.numel());
-        full.slice(0, bk.offset[k], bk.offset[k] + p.numel()).copy_(t.to(kCPU).contiguous().view({-1}));
+        TANDEM_CHECK(t.numel() == p.numel(), Shape,
+                     "ZeroRedundancyOptimizer::load_state_dict: 'state.", bk.params[k], ".", name,
+                     "' has ", t.numel(), " elements but the parameter has ", p.numel());
+        full.slice(0, bk.offset[k], bk.offset[k] + p.numel())
+            .copy_(t.to(kCPU).contiguous().view({-1}));
       }
       local.insert(key, full.slice(0, rank * bk.shard, (rank + 1) * bk.shard).clone());
     }
@@ -493,13 +527,15 @@ ShardedMemory ZeroRedundancyOptimizer::memory() const {
     const Tensor& t = state.item(i).second;
     const int64_t bytes = count(t);
     m.optimizer_state += bytes;
-    if (t.numel() > 1 || (t.dim() == 1 && t.numel() == shard_params_flat_.numel())) like_shard += bytes;
+    if (t.numel() > 1 || (t.dim() == 1 && t.numel() == shard_params_flat_.numel()))
+      like_shard += bytes;
   }
   const int64_t elem = static_cast<int64_t>(params_[0].element_size());
   m.ddp_parameters = m.numel * elem;
   m.ddp_gradients = m.numel * elem;
   m.ddp_optimizer_state =
-      m.shard_numel > 0 ? like_shard / m.shard_numel * m.numel + (m.optimizer_state - like_shard) : 0;
+      m.shard_numel > 0 ? like_shard / m.shard_numel * m.numel + (m.optimizer_state - like_shard)
+                        : 0;
   return m;
 }
 

@@ -18,8 +18,9 @@
 //                               ctx.group);                      // rank 0's parameters everywhere
 //   for (...) {
 //     opt.zero_grad();
-//     cross_entropy((*model)(x), y).backward();                  // x: this rank's shard of the batch
-//     opt.step();                                                // reduce-scatter, shard step, all-gather
+//     cross_entropy((*model)(x), y).backward();                  // x: this rank's shard of the
+//     batch opt.step();                                                // reduce-scatter, shard
+//     step, all-gather
 //   }
 //
 // Layout (Note [zero layout] in zero_optimizer.cpp): the parameters go into buckets in reverse
@@ -79,7 +80,7 @@ OptimizerFactory optimizer_class(Options options) {
 }
 
 struct ZeroRedundancyOptimizerOptions {
-  int stage = 1;  // 1: optimizer state sharded; 2: gradients too
+  int stage = 1;                   // 1: optimizer state sharded; 2: gradients too
   bool gradients_reduced = false;  // see the header comment (stage 1 only)
   // Bucket cap; unset: stage 1 one bucket per dtype and device (one contiguous shard), stage 2
   // 25 MB (DDP's default).

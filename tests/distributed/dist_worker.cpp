@@ -423,6 +423,7 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   // ZeRO: on the bare module (or beside DDP with --ddp); every rank starts from other weights,
   // the optimizer (or DDP) broadcasts rank 0's.
   auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
   std::unique_ptr<DistributedDataParallel> zddp;
   if (f.on("--ddp")) zddp = std::make_unique<DistributedDataParallel>(net, group);
   auto zero = make_zero(net->parameters(), group, f);
@@ -449,6 +450,7 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   require(vs_ddp <= 1e-6, "ZeRO parameters equal DDP's to 1e-6");
   if (r == 0) {
     auto ref = make_net(7, false, kZeroClasses);
+    ref->to(g_device);
     auto ref_opt = zero_plain_optimizer(optim, ref->parameters());
     for (const auto& [x, y] : batches) reference_step(*ref, *ref_opt, x, y, w, false);
     const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
@@ -476,6 +478,7 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     if (to == r) full = zero->state_dict();
   }
   auto net2 = make_net(100 + r, false, kZeroClasses);
+  net2->to(g_device);
   {
     NoGradGuard no_grad;
     auto p1 = net->parameters(), p2 = net2->parameters();
@@ -500,27 +503,28 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
 
 void print_zero_memory(const char* when, const parallel::sharded::ZeroRedundancyOptimizer& zero) {
   const auto m = zero.memory();
-  // live / peak: the allocator's CPU bytes now and at most since the step began (everything the
-  // process holds: batches, activations and Gloo's buffers too).
+  // live / peak: the allocator's bytes on the rank's device now and at most since the step
+  // began (everything the process holds: batches, activations and Gloo's buffers too).
   std::printf("zero-memory %s world %d stage %d numel %lld shard %lld params %lld shard_params %lld grads %lld "
               "state %lld ddp_params %lld ddp_grads %lld ddp_state %lld live %lld peak %lld\n",
               when, m.world_size, m.stage, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
               (long long)m.shard_parameters, (long long)m.gradients, (long long)m.optimizer_state,
               (long long)m.ddp_parameters, (long long)m.ddp_gradients, (long long)m.ddp_optimizer_state,
-              (long long)allocated_bytes(kCPU), (long long)max_allocated_bytes(kCPU));
+              (long long)allocated_bytes(g_device), (long long)max_allocated_bytes(g_device));
   std::printf("%s %s\n", when, m.str().c_str());
 }
 
 void run_zero_memory(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   const int r = group->rank(), w = group->size();
   auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
   auto zero = make_zero(net->parameters(), group, f);
   const int64_t B = 6;
   auto batches = make_batches(2, B);
   for (const auto& [x, y] : batches) {
     auto [s, e] = shard(B, r, w);
     zero->zero_grad();
-    reset_max_allocated_bytes(kCPU);
+    reset_max_allocated_bytes(g_device);
     shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
     print_zero_memory("after-backward", *zero);
     zero->step();
@@ -540,6 +544,7 @@ void run_zero_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   }();
   const int r = group->rank(), w = group->size();
   auto net = make_net(7, false, kZeroClasses);
+  net->to(g_device);
   auto zero = make_zero(net->parameters(), group, f);
   auto batches = make_batches(4, 12);
   for (int step = 0; step < 100000; ++step) {

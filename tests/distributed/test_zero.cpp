@@ -60,7 +60,8 @@ std::shared_ptr<nn::Module> small_net(uint64_t seed) {
 }  // namespace
 
 #ifdef TANDEM_WITH_GLOO
-TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wrong", "[dist][zero]") {
+TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wrong",
+          "[dist][zero]") {
   OneRank one;
   auto net = small_net(1);
   auto adam = optimizer_class<nn::optim::Adam>(nn::optim::AdamOptions(1e-2));
@@ -68,20 +69,25 @@ TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wron
   using tandem::test::error_message;
   ZeroRedundancyOptimizerOptions o;
   o.stage = 3;
-  CHECK(contains(error_message<ValueError>([&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
                  "stage 3 is not built"));
   o.stage = 2;
   o.gradients_reduced = true;
-  CHECK(contains(error_message<ValueError>([&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
                  "gradients_reduced needs stage 1"));
-  CHECK(contains(error_message<ValueError>([&] { ZeroRedundancyOptimizer({}, adam, one.group); }), "no parameters"));
+  CHECK(contains(error_message<ValueError>([&] { ZeroRedundancyOptimizer({}, adam, one.group); }),
+                 "no parameters"));
   ZeroRedundancyOptimizer zero(net->parameters(), adam, one.group);
   CHECK(contains(error_message<ValueError>([&] { zero.state_dict(); }), "consolidate_state_dict"));
   CHECK(contains(error_message<ValueError>([&] { zero.consolidate_state_dict(1); }), "to=1"));
 }
 
-TEST_CASE("ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the plain optimizer, state included",
-          "[dist][zero]") {
+TEST_CASE(
+    "ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the plain optimizer, state "
+    "included",
+    "[dist][zero]") {
   OneRank one;
   for (int stage : {1, 2}) {
     INFO("stage " << stage);
@@ -89,7 +95,8 @@ TEST_CASE("ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the pla
     ZeroRedundancyOptimizerOptions o;
     o.stage = stage;
     o.bucket_cap_mb = 100.0 / (1024 * 1024);  // 100-byte buckets: several, each padded on its own
-    ZeroRedundancyOptimizer zero(net->parameters(), optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)),
+    ZeroRedundancyOptimizer zero(net->parameters(),
+                                 optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)),
                                  one.group, o);
     CHECK(zero.num_buckets() > 1);
     nn::optim::AdamW plain(ref->parameters(), nn::optim::AdamWOptions(1e-2));
@@ -100,7 +107,8 @@ TEST_CASE("ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the pla
       zero.zero_grad();
       cross_entropy(net->forward(x), y).backward();
       if (stage == 2) {
-        for (const Tensor& p : net->parameters()) CHECK(!p.grad().defined());  // only the shard gradient is kept
+        for (const Tensor& p : net->parameters())
+          CHECK(!p.grad().defined());  // only the shard gradient is kept
       }
       zero.step();
       plain.zero_grad();
@@ -125,8 +133,9 @@ TEST_CASE("ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the pla
     CHECK(loaded.step_count(0) == 3);
     auto again = small_net(4);
     for (size_t k = 0; k < a.size(); ++k) again->parameters()[k].detach().copy_(a[k]);
-    ZeroRedundancyOptimizer resumed(again->parameters(),
-                                    optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)), one.group, o);
+    ZeroRedundancyOptimizer resumed(
+        again->parameters(), optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)),
+        one.group, o);
     resumed.load_state_dict(mine);
     Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
     Tensor y = from_vector<int64_t>({1, 0, 2, 2}, {4}, kCPU);
@@ -143,10 +152,12 @@ TEST_CASE("ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the pla
     REQUIRE(zero.bucket_numel(0) == 3 + 21);
     nn::StateDict cut;
     for (size_t k = 0; k < mine.size(); ++k) {
-      if (mine.item(k).first.rfind("state.3.", 0) != 0) cut.insert(mine.item(k).first, mine.item(k).second);
+      if (mine.item(k).first.rfind("state.3.", 0) != 0)
+        cut.insert(mine.item(k).first, mine.item(k).second);
     }
-    CHECK(tandem::test::contains(tandem::test::error_message<ValueError>([&] { resumed.load_state_dict(cut); }),
-                                 "of the same bucket"));
+    CHECK(tandem::test::contains(
+        tandem::test::error_message<ValueError>([&] { resumed.load_state_dict(cut); }),
+        "of the same bucket"));
   }
 }
 #endif
@@ -176,17 +187,21 @@ Result sh(const TempDir& dir, const std::string& cmd) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str(), s};
 }
 
-std::string env(int timeout_s) { return "TANDEM_DIST_TIMEOUT=" + std::to_string(timeout_s) + " "; }
+std::string env(int timeout_s) {
+  return "TANDEM_DIST_TIMEOUT=" + std::to_string(timeout_s) + " ";
+}
 
 Result run(const TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
-  return sh(dir, env(timeout_s) + TANDEM_RUN_PATH + std::string(" --standalone --grace-seconds 1 --nproc-per-node ") +
+  return sh(dir, env(timeout_s) + TANDEM_RUN_PATH +
+                     std::string(" --standalone --grace-seconds 1 --nproc-per-node ") +
                      std::to_string(n) + " " + TANDEM_DIST_WORKER_PATH + " " + args);
 }
 
 std::set<std::string> param_hashes(const std::string& out) {
   std::set<std::string> hashes;
   std::regex re("params ([0-9a-f]{16})");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
     hashes.insert((*it)[1]);
   return hashes;
 }
@@ -223,11 +238,14 @@ void check_training(const TempDir& dir, int stage) {
 
 // The "zero-memory WHEN world N stage S key value ..." lines of one run, per rank (the launcher
 // prefixes "[rank R]"): the last line of each kind.
-std::map<std::string, int64_t> memory_line(const std::string& out, const std::string& when, int rank) {
+std::map<std::string, int64_t> memory_line(const std::string& out, const std::string& when,
+                                           int rank) {
   std::map<std::string, int64_t> v;
   std::regex re("\\[rank " + std::to_string(rank) + "\\] zero-memory " + when + " (.*)");
   std::string last;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) last = (*it)[1];
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    last = (*it)[1];
   std::istringstream in(last);
   std::string key;
   int64_t value;
@@ -237,8 +255,9 @@ std::map<std::string, int64_t> memory_line(const std::string& out, const std::st
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
-          "[dist][zero]") {
+TEST_CASE(
+    "ZeRO-1 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
+    "[dist][zero]") {
   TempDir dir;
   check_training(dir, 1);
   // Beside DDP, the gradients already averaged (PyTorch's usage).
@@ -251,21 +270,25 @@ TEST_CASE("ZeRO-1 over Gloo trains to DDP's and one process's parameters (SGD+mo
   }
 }
 
-TEST_CASE("ZeRO-2 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
-          "[dist][zero]") {
+TEST_CASE(
+    "ZeRO-2 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
+    "[dist][zero]") {
   TempDir dir;
   check_training(dir, 2);
 }
 
-TEST_CASE("ZeRO: optimizer state per rank falls as 1/N (stage 1), gradients too (stage 2), within the padding",
-          "[dist][zero]") {
+TEST_CASE(
+    "ZeRO: optimizer state per rank falls as 1/N (stage 1), gradients too (stage 2), within the "
+    "padding",
+    "[dist][zero]") {
   TempDir dir;
   // Buckets of 4 KiB: 135, 2304 and 40 elements, each padded to a multiple of N.
   const std::vector<int64_t> buckets = {135, 2304, 40};
   const int64_t numel = 2479, f32 = 4;
   for (int stage : {1, 2}) {
     for (int n : {1, 2, 3}) {
-      Result r = run(dir, n, "zero-memory --stage " + std::to_string(stage) + " --optim adam --bucket-kb 4");
+      Result r = run(
+          dir, n, "zero-memory --stage " + std::to_string(stage) + " --optim adam --bucket-kb 4");
       INFO("stage " << stage << ", " << n << " ranks\n" << r.output);
       REQUIRE(r.code == 0);
       CHECK(contains(r.output, "buckets 3: 135 2304 40"));
@@ -273,7 +296,8 @@ TEST_CASE("ZeRO: optimizer state per rank falls as 1/N (stage 1), gradients too 
       for (int64_t b : buckets) shard += (b + n - 1) / n;
       CHECK(shard * n - numel < 3 * n);  // the padding: under N elements per bucket
       for (int rank = 0; rank < n; ++rank) {
-        auto back = memory_line(r.output, "after-backward", rank), step = memory_line(r.output, "after-step", rank);
+        auto back = memory_line(r.output, "after-backward", rank),
+             step = memory_line(r.output, "after-step", rank);
         REQUIRE(!back.empty());
         REQUIRE(!step.empty());
         CHECK(step["world"] == n);
@@ -304,16 +328,18 @@ TEST_CASE("ZeRO: a rank killed inside a reduce-scatter or an all-gather ends the
                         Case{2, "reduce", "reduce_scatter"}, Case{2, "gather", "allgather"}}) {
     // Started by hand: no launcher stops rank 0 early, it must end on its own.
     const int port = tandem::parallel::distributed::free_port();
-    const std::string common = env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                               std::to_string(port) + " TANDEM_JOB_ID=z" + std::to_string(port) + " ";
-    const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " zero-kill --stage " + std::to_string(c.stage) +
-                          " --kill-at " + c.at;
-    Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & " + common + "RANK=0 LOCAL_RANK=0 " + w +
-                           "; echo rank0 exit $?; wait)");
+    const std::string common =
+        env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+        std::to_string(port) + " TANDEM_JOB_ID=z" + std::to_string(port) + " ";
+    const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " zero-kill --stage " +
+                          std::to_string(c.stage) + " --kill-at " + c.at;
+    Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & " + common +
+                           "RANK=0 LOCAL_RANK=0 " + w + "; echo rank0 exit $?; wait)");
     INFO("stage " << c.stage << ", killed at " << c.at << "\n" << r.output);
     CHECK(contains(r.output, "rank0 exit 1"));
     CHECK(r.seconds < 5 + 10);
-    CHECK(std::regex_search(r.output, std::regex(std::string(c.collective) + " #[0-9]+ .* on rank 0 of 2")));
+    CHECK(std::regex_search(r.output,
+                            std::regex(std::string(c.collective) + " #[0-9]+ .* on rank 0 of 2")));
     CHECK(contains(r.output, "rank 1 is gone"));
   }
 }
