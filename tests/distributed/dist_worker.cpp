@@ -28,6 +28,9 @@
 //                          with the bytes this rank holds after backward and after the step
 //   zero-kill [--stage 1|2] [--kill-at reduce|gather]   rank 1 SIGKILLs itself at step 2 before
 //                          its reduce-scatter, or after it and before the all-gather
+//   fsdp [--no-shard] [--optim ...] [--steps S] [--batch B]   FullyShardedDataParallel
+//                          (SHARD_GRAD_OP, or NO_SHARD) vs DDP ("fsdp_vs_ddp X"), one process
+//                          ("fsdp_vs_ref X"), a no-grad forward vs DDP's; "fsdp-memory ..." lines
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -45,6 +48,7 @@
 #include "parallel/distributed/ddp.h"
 #include "parallel/distributed/process_group.h"
 #include "parallel/distributed/ring_p2p.h"
+#include "parallel/sharded/fsdp.h"
 #include "parallel/sharded/zero_optimizer.h"
 
 using namespace tandem;
@@ -562,6 +566,74 @@ void run_zero_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   }
 }
 
+// ---- FSDP (parallel/sharded/fsdp.h) ------------------------------------------------------------
+
+void print_fsdp_memory(const char* when, const parallel::sharded::FullyShardedDataParallel& fsdp) {
+  const auto m = fsdp.memory();
+  std::printf("fsdp-memory %s world %d numel %lld shard %lld params %lld flat %lld grads %lld live %lld\n", when,
+              m.world_size, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
+              (long long)m.flat_parameters, (long long)m.gradients, (long long)allocated_bytes(g_device));
+}
+
+void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  using parallel::sharded::ShardingStrategy;
+  const int steps = int(f.num("--steps", 4));
+  const int64_t B = f.num("--batch", 10);
+  const int r = group->rank(), w = group->size();
+  const std::string optim = zero_optim_name(f);
+  parallel::sharded::FullyShardedDataParallelOptions fo;
+  fo.sharding_strategy = f.on("--no-shard") ? ShardingStrategy::NO_SHARD : ShardingStrategy::SHARD_GRAD_OP;
+  auto batches = make_batches(steps, B);
+  auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
+  parallel::sharded::FullyShardedDataParallel fsdp(net, group, fo);
+  auto opt = zero_plain_optimizer(optim, fsdp.parameters());
+  DistributedDataParallel ddp(make_net(7 + r, false, kZeroClasses), group);
+  auto ddp_opt = zero_plain_optimizer(optim, ddp.parameters());
+  print_fsdp_memory("rest", fsdp);
+  for (const auto& [x, y] : batches) {
+    auto [s, e] = shard(B, r, w);
+    const Tensor xs = x.slice(0, s, e), ys = y.slice(0, s, e);
+    const double scale = double(w) * double(xs.size(0)) / double(B);
+    opt->zero_grad();
+    mul(cross_entropy(fsdp(xs), ys), scale).backward();
+    print_fsdp_memory("after-backward", fsdp);
+    opt->step();
+    ddp_opt->zero_grad();
+    shard_loss(ddp.module(), xs, ys, B, w).backward();
+    ddp_opt->step();
+  }
+  print_fsdp_memory("rest", fsdp);
+  // Evaluation without gradients: each unit gathered for its forward and released after.
+  Tensor out, ref_out;
+  {
+    NoGradGuard no_grad;
+    out = fsdp(batches[0].first);
+    ref_out = ddp.module().forward(batches[0].first);
+  }
+  print_fsdp_memory("after-eval", fsdp);
+  const double eval_err = zero_rel_err({out}, {ref_out});
+  std::printf("fsdp_eval_vs_ddp %.3g\n", eval_err);
+  require(eval_err <= 1e-6, "FSDP's no-grad forward equals DDP's to 1e-6");
+  std::printf("units %zu:", fsdp.num_units());
+  for (size_t u = 0; u < fsdp.num_units(); ++u) std::printf(" %lld", (long long)fsdp.unit_numel(u));
+  std::printf("\n");
+  auto full = fsdp.summon_full_params();
+  const double vs_ddp = zero_rel_err(net->parameters(), ddp.parameters());
+  std::printf("fsdp_vs_ddp %.3g\n", vs_ddp);
+  std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(*net)));
+  require(vs_ddp <= 1e-6, "FSDP parameters equal DDP's to 1e-6");
+  if (r == 0) {
+    auto ref = make_net(7, false, kZeroClasses);
+    ref->to(g_device);
+    auto ref_opt = zero_plain_optimizer(optim, ref->parameters());
+    for (const auto& [x, y] : batches) reference_step(*ref, *ref_opt, x, y, w, false);
+    const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
+    std::printf("fsdp_vs_ref %.3g\n", vs_ref);
+    require(vs_ref <= 1e-6, "FSDP parameters equal one process's to 1e-6");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -590,6 +662,7 @@ int main(int argc, char** argv) {
     else if (mode == "zero") run_zero(ctx.group, f);
     else if (mode == "zero-memory") run_zero_memory(ctx.group, f);
     else if (mode == "zero-kill") run_zero_kill(ctx.group, f);
+    else if (mode == "fsdp") run_fsdp(ctx.group, f);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {

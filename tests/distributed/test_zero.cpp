@@ -21,6 +21,7 @@
 #include "nn/nn.h"
 #include "parallel/distributed/launch.h"
 #include "parallel/distributed/process_group.h"
+#include "parallel/sharded/fsdp.h"
 #include "parallel/sharded/zero_optimizer.h"
 
 using namespace tandem;
@@ -162,6 +163,57 @@ TEST_CASE(
 }
 #endif
 
+#ifdef TANDEM_WITH_GLOO
+TEST_CASE("FullyShardedDataParallel: FULL_SHARD and reshard_after_forward are named as not built",
+          "[dist][zero][fsdp]") {
+  using tandem::parallel::sharded::FullyShardedDataParallel;
+  using tandem::parallel::sharded::FullyShardedDataParallelOptions;
+  using tandem::parallel::sharded::ShardingStrategy;
+  using tandem::test::contains;
+  using tandem::test::error_message;
+  OneRank one;
+  FullyShardedDataParallelOptions o;
+  o.sharding_strategy = ShardingStrategy::FULL_SHARD;
+  CHECK(contains(
+      error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
+      "FULL_SHARD is not built"));
+  o.sharding_strategy = ShardingStrategy::SHARD_GRAD_OP;
+  o.reshard_after_forward = true;
+  CHECK(contains(
+      error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
+      "SHARD_GRAD_OP with reshard_after_forward is not built"));
+}
+
+TEST_CASE(
+    "FullyShardedDataParallel of one rank steps like the plain optimizer; parameters hold no bytes "
+    "at rest",
+    "[dist][zero][fsdp]") {
+  using tandem::parallel::sharded::FullyShardedDataParallel;
+  OneRank one;
+  auto net = small_net(2), ref = small_net(2);
+  FullyShardedDataParallel fsdp(net, one.group);
+  CHECK(fsdp.num_units() == 2);
+  nn::optim::Adam opt(fsdp.parameters(), nn::optim::AdamOptions(1e-2));
+  nn::optim::Adam plain(ref->parameters(), nn::optim::AdamOptions(1e-2));
+  Generator gen(5);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+    Tensor y = from_vector<int64_t>({0, 2, 1, 2}, {4}, kCPU);
+    opt.zero_grad();
+    cross_entropy(fsdp(x), y).backward();
+    opt.step();
+    plain.zero_grad();
+    cross_entropy(ref->forward(x), y).backward();
+    plain.step();
+    CHECK(fsdp.memory().parameters == 0);
+  }
+  auto full = fsdp.summon_full_params();
+  CHECK(fsdp.memory().parameters == (35 + 7 + 21 + 3) * 4);
+  auto a = net->parameters(), b = ref->parameters();
+  for (size_t k = 0; k < a.size(); ++k) CHECK(tandem::test::rel_error(a[k], b[k]) < 1e-6);
+}
+#endif
+
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
 namespace {
 
@@ -239,9 +291,9 @@ void check_training(const TempDir& dir, int stage) {
 // The "zero-memory WHEN world N stage S key value ..." lines of one run, per rank (the launcher
 // prefixes "[rank R]"): the last line of each kind.
 std::map<std::string, int64_t> memory_line(const std::string& out, const std::string& when,
-                                           int rank) {
+                                           int rank, const std::string& tag = "zero-memory") {
   std::map<std::string, int64_t> v;
-  std::regex re("\\[rank " + std::to_string(rank) + "\\] zero-memory " + when + " (.*)");
+  std::regex re("\\[rank " + std::to_string(rank) + "\\] " + tag + " " + when + " (.*)");
   std::string last;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
        ++it)
@@ -341,6 +393,41 @@ TEST_CASE("ZeRO: a rank killed inside a reduce-scatter or an all-gather ends the
     CHECK(std::regex_search(r.output,
                             std::regex(std::string(c.collective) + " #[0-9]+ .* on rank 0 of 2")));
     CHECK(contains(r.output, "rank 1 is gone"));
+  }
+}
+TEST_CASE(
+    "FSDP over Gloo (SHARD_GRAD_OP, NO_SHARD) trains to DDP's and one process's parameters, "
+    "sharded at rest",
+    "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::vector<int64_t> units = {40, 2320, 119};  // the conv and the two linears
+  struct Case {
+    int ranks;
+    std::string args;
+  };
+  for (const Case& c : {Case{2, "--optim sgd"}, Case{3, "--optim sgd"}, Case{2, "--optim adam"},
+                        Case{3, "--optim adam"}, Case{2, "--optim adamw"}, Case{3, "--optim adamw"},
+                        Case{2, "--optim adam --no-shard"}, Case{3, "--optim adam --no-shard"}}) {
+    Result r = run(dir, c.ranks, "fsdp " + c.args + " --steps 4 --batch 10");
+    INFO(c.ranks << " ranks, " << c.args << "\n" << r.output);
+    CHECK(r.code == 0);
+    CHECK(contains(r.output, "units 3: 40 2320 119"));
+    CHECK(number_after(r.output, "fsdp_vs_ref") >= 0);
+    CHECK(number_after(r.output, "fsdp_vs_ref") <= 1e-6);
+    CHECK(count(r.output, "fsdp_vs_ddp") == size_t(c.ranks));
+    CHECK(param_hashes(r.output).size() == 1);
+    const bool sharded = !contains(c.args, "--no-shard");
+    const int n = sharded ? c.ranks : 1;
+    int64_t shard = 0;
+    for (int64_t u : units) shard += (u + n - 1) / n;
+    for (int rank = 0; rank < c.ranks; ++rank) {
+      auto rest = memory_line(r.output, "rest", rank, "fsdp-memory");
+      auto back = memory_line(r.output, "after-backward", rank, "fsdp-memory");
+      REQUIRE(!rest.empty());
+      CHECK(rest["params"] == 0);  // sharded: released; NO_SHARD: counted in the flat parameters
+      CHECK(rest["flat"] == shard * 4);
+      CHECK(back["grads"] == shard * 4);  // only the flat parameters' gradients
+    }
   }
 }
 #endif
