@@ -32,8 +32,8 @@ const char* sharding_strategy_name(ShardingStrategy s) {
 std::string FsdpMemory::str() const {
   std::ostringstream o;
   o << "FSDP rank " << rank << "/" << world_size << ": params " << parameters << " B + flat "
-    << flat_parameters << " B, grads " << gradients << " B (DDP: params " << numel * 4
-    << " B, grads " << numel * 4 << " B, float32)";
+    << flat_parameters << " B, grads " << gradients << " B (DDP: params " << numel * element_size
+    << " B, grads " << numel * element_size << " B)";
   return o.str();
 }
 
@@ -268,6 +268,7 @@ FsdpMemory FullyShardedDataParallel::memory() const {
   FsdpMemory m;
   m.rank = group_->rank();
   m.world_size = group_->size();
+  m.element_size = static_cast<int64_t>(units_[0].flat_param.element_size());
   std::set<const Storage*> seen;
   auto storage_bytes = [&](const Tensor& t) -> int64_t {
     if (!t.defined() || !seen.insert(t.storage().get()).second) return 0;

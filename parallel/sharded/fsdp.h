@@ -64,6 +64,7 @@ struct FsdpMemory {
   int64_t parameters = 0;       // the module's parameters that hold bytes now
   int64_t flat_parameters = 0;  // the flat parameters (shards)
   int64_t gradients = 0;        // the module's parameters' .grad plus the flat ones'
+  int64_t element_size = 4;     // of the parameters' dtype (DDP's figures: numel times this)
   std::string str() const;
 };
 

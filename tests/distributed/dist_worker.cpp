@@ -573,6 +573,7 @@ void print_fsdp_memory(const char* when, const parallel::sharded::FullyShardedDa
   std::printf("fsdp-memory %s world %d numel %lld shard %lld params %lld flat %lld grads %lld live %lld\n", when,
               m.world_size, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
               (long long)m.flat_parameters, (long long)m.gradients, (long long)allocated_bytes(g_device));
+  std::printf("%s %s\n", when, m.str().c_str());
 }
 
 void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
