@@ -184,10 +184,8 @@ TEST_CASE("FullyShardedDataParallel: FULL_SHARD and reshard_after_forward are na
       "SHARD_GRAD_OP with reshard_after_forward is not built"));
 }
 
-TEST_CASE(
-    "FullyShardedDataParallel of one rank steps like the plain optimizer; parameters hold no bytes "
-    "at rest",
-    "[dist][zero][fsdp]") {
+TEST_CASE("FullyShardedDataParallel of one rank steps like the plain optimizer, sharded at rest",
+          "[dist][zero][fsdp]") {
   using tandem::parallel::sharded::FullyShardedDataParallel;
   OneRank one;
   auto net = small_net(2), ref = small_net(2);
