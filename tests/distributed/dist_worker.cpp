@@ -20,6 +20,20 @@
 //   kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself at step S of a long run
 //   fingerprint            rank 1 allreduces another size than rank 0
 //   silent [--after K]     rank 1 stops calling collectives after K of them (and sleeps)
+//   zero [--stage 1|2] [--optim sgd|adam|adamw] [--steps S] [--batch B] [--bucket-kb K] [--ddp]
+//                          ZeroRedundancyOptimizer training (--ddp: beside DDP, gradients already
+//                          reduced) vs DDP with the plain optimizer in the same ranks
+//                          ("zero_vs_ddp X") and, on rank 0, one process on the global batch
+//                          ("zero_vs_ref X") and the consolidated state vs the plain optimizer's
+//                          ("state_vs_ref X"); "params HASH" per rank; then the state consolidated
+//                          to every rank, loaded into a fresh optimizer, one more step ("resume_vs_zero 0")
+//   zero-memory [--stage 1|2] [--optim ...] [--bucket-kb K]   one step; "zero-memory ..." lines
+//                          with the bytes this rank holds after backward and after the step
+//   zero-kill [--stage 1|2] [--kill-at reduce|gather]   rank 1 SIGKILLs itself at step 2 before
+//                          its reduce-scatter, or after it and before the all-gather
+//   fsdp [--no-shard] [--optim ...] [--steps S] [--batch B]   FullyShardedDataParallel
+//                          (SHARD_GRAD_OP, or NO_SHARD) vs DDP ("fsdp_vs_ddp X"), one process
+//                          ("fsdp_vs_ref X"), a no-grad forward vs DDP's; "fsdp-memory ..." lines
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -31,11 +45,14 @@
 
 #include "autograd/ops.h"
 #include "distributed/dist_test_model.h"
+#include "core/allocator.h"
 #include "core/generator.h"
 #include "nn/nn.h"
 #include "parallel/distributed/ddp.h"
 #include "parallel/distributed/process_group.h"
 #include "parallel/distributed/ring_p2p.h"
+#include "parallel/sharded/fsdp.h"
+#include "parallel/sharded/zero_optimizer.h"
 
 using namespace tandem;
 using namespace tandem::parallel::distributed;
@@ -431,6 +448,275 @@ void run_silent(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   }
 }
 
+// ---- ZeRO (parallel/sharded/zero_optimizer.h) -----------------------------------------------
+
+// 7 classes: 40 + 2320 + 119 = 2479 parameters, divisible by neither 2 nor 3 (padded shards).
+constexpr int64_t kZeroClasses = 7;
+
+// The plain optimizer and the ZeRO optimizer class of --optim, with the same hyperparameters.
+std::string zero_optim_name(const Flags& f) {
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--optim") return f.args[i + 1];
+  return "adam";
+}
+
+std::unique_ptr<nn::optim::Optimizer> zero_plain_optimizer(const std::string& name, std::vector<Tensor> params) {
+  if (name == "sgd") return std::make_unique<nn::optim::SGD>(std::move(params), nn::optim::SGDOptions(0.1).momentum(0.9));
+  if (name == "adam") return std::make_unique<nn::optim::Adam>(std::move(params), nn::optim::AdamOptions(1e-2));
+  if (name == "adamw")
+    return std::make_unique<nn::optim::AdamW>(std::move(params), nn::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  throw std::runtime_error("unknown --optim " + name);
+}
+
+parallel::sharded::ZeroRedundancyOptimizerOptions zero_options(const Flags& f) {
+  parallel::sharded::ZeroRedundancyOptimizerOptions o;
+  o.stage = int(f.num("--stage", 1));
+  if (f.num("--bucket-kb", 0) > 0) o.bucket_cap_mb = double(f.num("--bucket-kb", 0)) / 1024.0;
+  o.gradients_reduced = f.on("--ddp");
+  return o;
+}
+
+std::unique_ptr<parallel::sharded::ZeroRedundancyOptimizer> make_zero(const std::vector<Tensor>& params,
+                                                                     const std::shared_ptr<ProcessGroup>& group,
+                                                                     const Flags& f) {
+  const std::string name = zero_optim_name(f);
+  auto factory = [name](std::vector<Tensor> p) { return zero_plain_optimizer(name, std::move(p)); };
+  return std::make_unique<parallel::sharded::ZeroRedundancyOptimizer>(params, factory, group, zero_options(f));
+}
+
+// max over tensors of max|a - b| / max|b|: relative to each tensor's largest value.
+double zero_rel_err(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  require(a.size() == b.size(), "same number of tensors");
+  double worst = 0;
+  for (size_t k = 0; k < a.size(); ++k) {
+    auto va = a[k].to(kFloat64).to_vector<double>(), vb = b[k].to(kFloat64).to_vector<double>();
+    require(va.size() == vb.size(), "same sizes");
+    double scale = 1e-30, diff = 0;
+    for (size_t i = 0; i < va.size(); ++i) {
+      scale = std::max(scale, std::abs(vb[i]));
+      diff = std::max(diff, std::abs(va[i] - vb[i]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int steps = int(f.num("--steps", 4));
+  const int64_t B = f.num("--batch", 10);
+  const int r = group->rank(), w = group->size();
+  const std::string optim = zero_optim_name(f);
+  auto batches = make_batches(steps, B);
+  // ZeRO: on the bare module (or beside DDP with --ddp); every rank starts from other weights,
+  // the optimizer (or DDP) broadcasts rank 0's.
+  auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
+  std::unique_ptr<DistributedDataParallel> zddp;
+  if (f.on("--ddp")) zddp = std::make_unique<DistributedDataParallel>(net, group);
+  auto zero = make_zero(net->parameters(), group, f);
+  // DDP with the plain optimizer, in the same ranks.
+  DistributedDataParallelOptions o;
+  o.bucket_cap_mb = o.first_bucket_cap_mb = 1.0 / 1024.0;
+  DistributedDataParallel ddp(make_net(7 + r, false, kZeroClasses), group, o);
+  auto ddp_opt = zero_plain_optimizer(optim, ddp.parameters());
+  for (const auto& [x, y] : batches) {
+    auto [s, e] = shard(B, r, w);
+    zero->zero_grad();
+    shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    zero->step();
+    ddp_opt->zero_grad();
+    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    ddp_opt->step();
+  }
+  const double vs_ddp = zero_rel_err(net->parameters(), ddp.parameters());
+  std::printf("buckets %zu\n", zero->num_buckets());
+  std::printf("zero_vs_ddp %.3g\n", vs_ddp);
+  std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(*net)));
+  std::printf("%s\n", zero->memory().str().c_str());
+  zero->consolidate_state_dict(0);
+  require(vs_ddp <= 1e-6, "ZeRO parameters equal DDP's to 1e-6");
+  if (r == 0) {
+    auto ref = make_net(7, false, kZeroClasses);
+    ref->to(g_device);
+    auto ref_opt = zero_plain_optimizer(optim, ref->parameters());
+    for (const auto& [x, y] : batches) reference_step(*ref, *ref_opt, x, y, w, false);
+    const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
+    const nn::StateDict mine = zero->state_dict(), theirs = ref_opt->state_dict();
+    require(mine.keys() == theirs.keys(), "consolidated state has the plain optimizer's names");
+    const double vs_state = zero_rel_err(mine.values(), theirs.values());
+    std::printf("zero_vs_ref %.3g\n", vs_ref);
+    std::printf("state_vs_ref %.3g (%zu tensors)\n", vs_state, mine.size());
+    require(vs_ref <= 1e-6, "ZeRO parameters equal one process's to 1e-6");
+    require(vs_state <= 1e-5, "the consolidated state equals one process's optimizer state to 1e-5");
+  } else {
+    bool threw = false;
+    try {
+      zero->state_dict();
+    } catch (const Error&) {
+      threw = true;
+    }
+    require(threw, "state_dict on a rank that holds no consolidated state is an error");
+  }
+  // Resume: every rank consolidates the state to itself in turn and loads it into a fresh ZeRO
+  // optimizer over a copy of the parameters; one more step of both gives the same bits.
+  nn::StateDict full = r == 0 ? zero->state_dict() : nn::StateDict();
+  for (int to = 1; to < w; ++to) {
+    zero->consolidate_state_dict(to);
+    if (to == r) full = zero->state_dict();
+  }
+  auto net2 = make_net(100 + r, false, kZeroClasses);
+  net2->to(g_device);
+  {
+    NoGradGuard no_grad;
+    auto p1 = net->parameters(), p2 = net2->parameters();
+    for (size_t k = 0; k < p1.size(); ++k) p2[k].copy_(p1[k]);
+  }
+  std::unique_ptr<DistributedDataParallel> zddp2;
+  if (f.on("--ddp")) zddp2 = std::make_unique<DistributedDataParallel>(net2, group);
+  auto zero2 = make_zero(net2->parameters(), group, f);
+  zero2->load_state_dict(full);
+  const auto& [x, y] = batches[0];
+  auto [s, e] = shard(B, r, w);
+  for (auto* z : {zero.get(), zero2.get()}) {
+    nn::Module& m = z == zero.get() ? *net : *net2;
+    z->zero_grad();
+    shard_loss(m, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    z->step();
+  }
+  const double resumed = zero_rel_err(net2->parameters(), net->parameters());
+  std::printf("resume_vs_zero %.3g\n", resumed);
+  require(resumed == 0, "a ZeRO optimizer resumed from the consolidated state steps to the same bits");
+}
+
+void print_zero_memory(const char* when, const parallel::sharded::ZeroRedundancyOptimizer& zero) {
+  const auto m = zero.memory();
+  // live / peak: the allocator's bytes on the rank's device now and at most since the step
+  // began (everything the process holds: batches, activations and Gloo's buffers too).
+  std::printf("zero-memory %s world %d stage %d numel %lld shard %lld params %lld shard_params %lld grads %lld "
+              "state %lld ddp_params %lld ddp_grads %lld ddp_state %lld live %lld peak %lld\n",
+              when, m.world_size, m.stage, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
+              (long long)m.shard_parameters, (long long)m.gradients, (long long)m.optimizer_state,
+              (long long)m.ddp_parameters, (long long)m.ddp_gradients, (long long)m.ddp_optimizer_state,
+              (long long)allocated_bytes(g_device), (long long)max_allocated_bytes(g_device));
+  std::printf("%s %s\n", when, m.str().c_str());
+}
+
+void run_zero_memory(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int r = group->rank(), w = group->size();
+  auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
+  auto zero = make_zero(net->parameters(), group, f);
+  const int64_t B = 6;
+  auto batches = make_batches(2, B);
+  for (const auto& [x, y] : batches) {
+    auto [s, e] = shard(B, r, w);
+    zero->zero_grad();
+    reset_max_allocated_bytes(g_device);
+    shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    print_zero_memory("after-backward", *zero);
+    zero->step();
+    print_zero_memory("after-step", *zero);
+  }
+  std::printf("buckets %zu:", zero->num_buckets());
+  for (size_t b = 0; b < zero->num_buckets(); ++b) std::printf(" %lld", (long long)zero->bucket_numel(b));
+  std::printf("\n");
+}
+
+// Rank 1 dies at step 2: before its reduce-scatter (--kill-at reduce) or between it and the
+// all-gather (--kill-at gather). The others are then inside that collective.
+void run_zero_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const bool at_gather = [&] {
+    for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--kill-at") return f.args[i + 1] == "gather";
+    return false;
+  }();
+  const int r = group->rank(), w = group->size();
+  auto net = make_net(7, false, kZeroClasses);
+  net->to(g_device);
+  auto zero = make_zero(net->parameters(), group, f);
+  auto batches = make_batches(4, 12);
+  for (int step = 0; step < 100000; ++step) {
+    const bool die = r == 1 && step == 2;
+    if (die && !at_gather) std::raise(SIGKILL);
+    const auto& [x, y] = batches[size_t(step % 4)];
+    auto [s, e] = shard(12, r, w);
+    zero->zero_grad();
+    shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), 12, w).backward();
+    if (die) {
+      zero->reduce_gradients();
+      std::raise(SIGKILL);
+    }
+    zero->step();
+  }
+}
+
+// ---- FSDP (parallel/sharded/fsdp.h) ------------------------------------------------------------
+
+void print_fsdp_memory(const char* when, const parallel::sharded::FullyShardedDataParallel& fsdp) {
+  const auto m = fsdp.memory();
+  std::printf("fsdp-memory %s world %d numel %lld shard %lld params %lld flat %lld grads %lld live %lld\n", when,
+              m.world_size, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
+              (long long)m.flat_parameters, (long long)m.gradients, (long long)allocated_bytes(g_device));
+  std::printf("%s %s\n", when, m.str().c_str());
+}
+
+void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  using parallel::sharded::ShardingStrategy;
+  const int steps = int(f.num("--steps", 4));
+  const int64_t B = f.num("--batch", 10);
+  const int r = group->rank(), w = group->size();
+  const std::string optim = zero_optim_name(f);
+  parallel::sharded::FullyShardedDataParallelOptions fo;
+  fo.sharding_strategy = f.on("--no-shard") ? ShardingStrategy::NO_SHARD : ShardingStrategy::SHARD_GRAD_OP;
+  auto batches = make_batches(steps, B);
+  auto net = make_net(7 + r, false, kZeroClasses);
+  net->to(g_device);
+  parallel::sharded::FullyShardedDataParallel fsdp(net, group, fo);
+  auto opt = zero_plain_optimizer(optim, fsdp.parameters());
+  DistributedDataParallel ddp(make_net(7 + r, false, kZeroClasses), group);
+  auto ddp_opt = zero_plain_optimizer(optim, ddp.parameters());
+  print_fsdp_memory("rest", fsdp);
+  for (const auto& [x, y] : batches) {
+    auto [s, e] = shard(B, r, w);
+    const Tensor xs = x.slice(0, s, e), ys = y.slice(0, s, e);
+    const double scale = double(w) * double(xs.size(0)) / double(B);
+    opt->zero_grad();
+    mul(cross_entropy(fsdp(xs), ys), scale).backward();
+    print_fsdp_memory("after-backward", fsdp);
+    opt->step();
+    ddp_opt->zero_grad();
+    shard_loss(ddp.module(), xs, ys, B, w).backward();
+    ddp_opt->step();
+  }
+  print_fsdp_memory("rest", fsdp);
+  // Evaluation without gradients: each unit gathered for its forward and released after.
+  Tensor out, ref_out;
+  {
+    NoGradGuard no_grad;
+    out = fsdp(batches[0].first);
+    ref_out = ddp.module().forward(batches[0].first);
+  }
+  print_fsdp_memory("after-eval", fsdp);
+  const double eval_err = zero_rel_err({out}, {ref_out});
+  std::printf("fsdp_eval_vs_ddp %.3g\n", eval_err);
+  require(eval_err <= 1e-6, "FSDP's no-grad forward equals DDP's to 1e-6");
+  std::printf("units %zu:", fsdp.num_units());
+  for (size_t u = 0; u < fsdp.num_units(); ++u) std::printf(" %lld", (long long)fsdp.unit_numel(u));
+  std::printf("\n");
+  auto full = fsdp.summon_full_params();
+  const double vs_ddp = zero_rel_err(net->parameters(), ddp.parameters());
+  std::printf("fsdp_vs_ddp %.3g\n", vs_ddp);
+  std::printf("params %016llx\n", static_cast<unsigned long long>(params_hash(*net)));
+  require(vs_ddp <= 1e-6, "FSDP parameters equal DDP's to 1e-6");
+  if (r == 0) {
+    auto ref = make_net(7, false, kZeroClasses);
+    ref->to(g_device);
+    auto ref_opt = zero_plain_optimizer(optim, ref->parameters());
+    for (const auto& [x, y] : batches) reference_step(*ref, *ref_opt, x, y, w, false);
+    const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
+    std::printf("fsdp_vs_ref %.3g\n", vs_ref);
+    require(vs_ref <= 1e-6, "FSDP parameters equal one process's to 1e-6");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -457,6 +743,10 @@ int main(int argc, char** argv) {
     else if (mode == "fingerprint") run_fingerprint(ctx.group);
     else if (mode == "silent") run_silent(ctx.group, f);
     else if (mode == "ring") run_ring(*ctx.group);
+    else if (mode == "zero") run_zero(ctx.group, f);
+    else if (mode == "zero-memory") run_zero_memory(ctx.group, f);
+    else if (mode == "zero-kill") run_zero_kill(ctx.group, f);
+    else if (mode == "fsdp") run_fsdp(ctx.group, f);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {

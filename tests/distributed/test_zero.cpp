@@ -1,0 +1,431 @@
+// ZeroRedundancyOptimizer (parallel/sharded/zero_optimizer.h): a group of one in this process for
+// the contract, then real processes over Gloo (the test worker, tests/distributed/dist_worker.cpp,
+// started by tandem-run with 2 and 3 ranks) for the same numbers as DDP and as one process, the
+// bytes per rank, and a rank killed inside a reduce-scatter or an all-gather. The test model has
+// 2479 parameters: no rank count here divides it, so every shard layout has padding.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "autograd/ops.h"
+#include "catch.h"
+#include "data/data_test_util.h"
+#include "helpers.h"
+#include "nn/nn.h"
+#include "parallel/distributed/launch.h"
+#include "parallel/distributed/process_group.h"
+#include "parallel/sharded/fsdp.h"
+#include "parallel/sharded/zero_optimizer.h"
+
+using namespace tandem;
+using namespace tandem::parallel::distributed;
+using tandem::parallel::sharded::optimizer_class;
+using tandem::parallel::sharded::ZeroRedundancyOptimizer;
+using tandem::parallel::sharded::ZeroRedundancyOptimizerOptions;
+
+namespace {
+
+#ifdef TANDEM_WITH_GLOO
+// A one-rank job in this process: a store on a free port and a Gloo group of one.
+struct OneRank {
+  std::shared_ptr<TCPStore> store;
+  std::shared_ptr<ProcessGroup> group;
+  OneRank() {
+    TCPStoreOptions o;
+    o.is_master = true;
+    o.rank = 0;
+    o.timeout = std::chrono::seconds(20);
+    o.job_id = "zero";
+    store = std::make_shared<TCPStore>("127.0.0.1", 0, o);
+    group = new_process_group("gloo", std::make_shared<PrefixStore>("pg", store), 0, 1);
+  }
+};
+
+std::shared_ptr<nn::Module> small_net(uint64_t seed) {
+  Generator gen(seed);
+  auto seq = std::make_shared<nn::Sequential>();
+  seq->push_back(std::make_shared<nn::Linear>(5, 7, true, gen));
+  seq->push_back(std::make_shared<nn::ReLU>());
+  seq->push_back(std::make_shared<nn::Linear>(7, 3, true, gen));
+  return seq;
+}
+#endif
+
+}  // namespace
+
+#ifdef TANDEM_WITH_GLOO
+TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wrong",
+          "[dist][zero]") {
+  OneRank one;
+  auto net = small_net(1);
+  auto adam = optimizer_class<nn::optim::Adam>(nn::optim::AdamOptions(1e-2));
+  using tandem::test::contains;
+  using tandem::test::error_message;
+  ZeroRedundancyOptimizerOptions o;
+  o.stage = 3;
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+                 "stage 3 is not built"));
+  o.stage = 2;
+  o.gradients_reduced = true;
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+                 "gradients_reduced needs stage 1"));
+  CHECK(contains(error_message<ValueError>([&] { ZeroRedundancyOptimizer({}, adam, one.group); }),
+                 "no parameters"));
+  ZeroRedundancyOptimizer zero(net->parameters(), adam, one.group);
+  CHECK(contains(error_message<ValueError>([&] { zero.state_dict(); }), "consolidate_state_dict"));
+  CHECK(contains(error_message<ValueError>([&] { zero.consolidate_state_dict(1); }), "to=1"));
+}
+
+TEST_CASE(
+    "ZeroRedundancyOptimizer of one rank: stages 1 and 2 step like the plain optimizer, state "
+    "included",
+    "[dist][zero]") {
+  OneRank one;
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    auto net = small_net(3), ref = small_net(3);
+    ZeroRedundancyOptimizerOptions o;
+    o.stage = stage;
+    o.bucket_cap_mb = 100.0 / (1024 * 1024);  // 100-byte buckets: several, each padded on its own
+    ZeroRedundancyOptimizer zero(net->parameters(),
+                                 optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)),
+                                 one.group, o);
+    CHECK(zero.num_buckets() > 1);
+    nn::optim::AdamW plain(ref->parameters(), nn::optim::AdamWOptions(1e-2));
+    Generator gen(9);
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+      Tensor y = from_vector<int64_t>({0, 2, 1, 2}, {4}, kCPU);
+      zero.zero_grad();
+      cross_entropy(net->forward(x), y).backward();
+      if (stage == 2) {
+        for (const Tensor& p : net->parameters())
+          CHECK(!p.grad().defined());  // only the shard gradient is kept
+      }
+      zero.step();
+      plain.zero_grad();
+      cross_entropy(ref->forward(x), y).backward();
+      plain.step();
+    }
+    auto a = net->parameters(), b = ref->parameters();
+    for (size_t k = 0; k < a.size(); ++k) CHECK(a[k].to_vector<float>() == b[k].to_vector<float>());
+    zero.consolidate_state_dict(0);
+    const nn::StateDict mine = zero.state_dict(), theirs = plain.state_dict();
+    REQUIRE(mine.keys() == theirs.keys());
+    for (size_t k = 0; k < mine.size(); ++k) {
+      INFO(mine.item(k).first);
+      CHECK(mine.item(k).second.shape() == theirs.item(k).second.shape());
+      CHECK(mine.item(k).second.to_vector<float>() == theirs.item(k).second.to_vector<float>());
+    }
+    // The consolidated state loads into a plain optimizer, and back into a fresh ZeRO one: a
+    // further step of each then matches the original's.
+    auto fresh = small_net(3);
+    nn::optim::AdamW loaded(fresh->parameters(), nn::optim::AdamWOptions(1e-2));
+    loaded.load_state_dict(mine);
+    CHECK(loaded.step_count(0) == 3);
+    auto again = small_net(4);
+    for (size_t k = 0; k < a.size(); ++k) again->parameters()[k].detach().copy_(a[k]);
+    ZeroRedundancyOptimizer resumed(
+        again->parameters(), optimizer_class<nn::optim::AdamW>(nn::optim::AdamWOptions(1e-2)),
+        one.group, o);
+    resumed.load_state_dict(mine);
+    Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+    Tensor y = from_vector<int64_t>({1, 0, 2, 2}, {4}, kCPU);
+    for (auto* z : {&zero, &resumed}) {
+      nn::Module& m = z == &zero ? *net : *again;
+      z->zero_grad();
+      cross_entropy(m.forward(x), y).backward();
+      z->step();
+    }
+    auto c = again->parameters();
+    for (size_t k = 0; k < a.size(); ++k) CHECK(c[k].to_vector<float>() == a[k].to_vector<float>());
+    // A state that gives only some parameters of a bucket their moments is refused (the first
+    // bucket holds parameters 3 and 2: the last layer's bias and weight, 96 bytes).
+    REQUIRE(zero.bucket_numel(0) == 3 + 21);
+    nn::StateDict cut;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (mine.item(k).first.rfind("state.3.", 0) != 0)
+        cut.insert(mine.item(k).first, mine.item(k).second);
+    }
+    CHECK(tandem::test::contains(
+        tandem::test::error_message<ValueError>([&] { resumed.load_state_dict(cut); }),
+        "of the same bucket"));
+  }
+}
+#endif
+
+#ifdef TANDEM_WITH_GLOO
+TEST_CASE("FullyShardedDataParallel: FULL_SHARD and reshard_after_forward are named as not built",
+          "[dist][zero][fsdp]") {
+  using tandem::parallel::sharded::FullyShardedDataParallel;
+  using tandem::parallel::sharded::FullyShardedDataParallelOptions;
+  using tandem::parallel::sharded::ShardingStrategy;
+  using tandem::test::contains;
+  using tandem::test::error_message;
+  OneRank one;
+  FullyShardedDataParallelOptions o;
+  o.sharding_strategy = ShardingStrategy::FULL_SHARD;
+  CHECK(contains(
+      error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
+      "FULL_SHARD is not built"));
+  o.sharding_strategy = ShardingStrategy::SHARD_GRAD_OP;
+  o.reshard_after_forward = true;
+  CHECK(contains(
+      error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
+      "SHARD_GRAD_OP with reshard_after_forward is not built"));
+}
+
+TEST_CASE("FullyShardedDataParallel of one rank steps like the plain optimizer, sharded at rest",
+          "[dist][zero][fsdp]") {
+  using tandem::parallel::sharded::FullyShardedDataParallel;
+  OneRank one;
+  auto net = small_net(2), ref = small_net(2);
+  FullyShardedDataParallel fsdp(net, one.group);
+  CHECK(fsdp.num_units() == 2);
+  nn::optim::Adam opt(fsdp.parameters(), nn::optim::AdamOptions(1e-2));
+  nn::optim::Adam plain(ref->parameters(), nn::optim::AdamOptions(1e-2));
+  Generator gen(5);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+    Tensor y = from_vector<int64_t>({0, 2, 1, 2}, {4}, kCPU);
+    opt.zero_grad();
+    cross_entropy(fsdp(x), y).backward();
+    opt.step();
+    plain.zero_grad();
+    cross_entropy(ref->forward(x), y).backward();
+    plain.step();
+    CHECK(fsdp.memory().parameters == 0);
+  }
+  auto full = fsdp.summon_full_params();
+  CHECK(fsdp.memory().parameters == (35 + 7 + 21 + 3) * 4);
+  auto a = net->parameters(), b = ref->parameters();
+  for (size_t k = 0; k < a.size(); ++k) CHECK(tandem::test::rel_error(a[k], b[k]) < 1e-6);
+}
+#endif
+
+#if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
+namespace {
+
+using tandem::test::contains;
+using tandem::test::TempDir;
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  int code;
+  std::string output;
+  double seconds;
+};
+
+Result sh(const TempDir& dir, const std::string& cmd) {
+  static int n = 0;
+  const std::string out = dir.file("zero" + std::to_string(n++) + ".txt");
+  const auto t0 = Clock::now();
+  const int status = std::system((cmd + " > " + out + " 2>&1").c_str());
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str(), s};
+}
+
+std::string env(int timeout_s) {
+  return "TANDEM_DIST_TIMEOUT=" + std::to_string(timeout_s) + " ";
+}
+
+Result run(const TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
+  return sh(dir, env(timeout_s) + TANDEM_RUN_PATH +
+                     std::string(" --standalone --grace-seconds 1 --nproc-per-node ") +
+                     std::to_string(n) + " " + TANDEM_DIST_WORKER_PATH + " " + args);
+}
+
+std::set<std::string> param_hashes(const std::string& out) {
+  std::set<std::string> hashes;
+  std::regex re("params ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    hashes.insert((*it)[1]);
+  return hashes;
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t k = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++k;
+  return k;
+}
+
+double number_after(const std::string& out, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(key + " ([-0-9.e+]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+void check_training(const TempDir& dir, int stage) {
+  for (int ranks : {2, 3}) {
+    for (const char* optim : {"sgd", "adam", "adamw"}) {
+      const std::string args = "zero --stage " + std::to_string(stage) + " --optim " + optim +
+                               " --steps 4 --batch 10 --bucket-kb 4";
+      Result r = run(dir, ranks, args);
+      INFO(ranks << " ranks, " << args << "\n" << r.output);
+      CHECK(r.code == 0);
+      CHECK(count(r.output, "zero_vs_ddp") == size_t(ranks));
+      CHECK(number_after(r.output, "zero_vs_ref") >= 0);
+      CHECK(number_after(r.output, "zero_vs_ref") <= 1e-6);
+      CHECK(number_after(r.output, "state_vs_ref") >= 0);
+      CHECK(param_hashes(r.output).size() == 1);  // the all-gather leaves every rank the same bits
+      CHECK(count(r.output, "buckets 3") == size_t(ranks));
+    }
+  }
+}
+
+// The "zero-memory WHEN world N stage S key value ..." lines of one run, per rank (the launcher
+// prefixes "[rank R]"): the last line of each kind.
+std::map<std::string, int64_t> memory_line(const std::string& out, const std::string& when,
+                                           int rank, const std::string& tag = "zero-memory") {
+  std::map<std::string, int64_t> v;
+  std::regex re("\\[rank " + std::to_string(rank) + "\\] " + tag + " " + when + " (.*)");
+  std::string last;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it)
+    last = (*it)[1];
+  std::istringstream in(last);
+  std::string key;
+  int64_t value;
+  while (in >> key >> value) v[key] = value;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ZeRO-1 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
+    "[dist][zero]") {
+  TempDir dir;
+  check_training(dir, 1);
+  // Beside DDP, the gradients already averaged (PyTorch's usage).
+  for (int ranks : {2, 3}) {
+    Result r = run(dir, ranks, "zero --stage 1 --optim adam --ddp --steps 4 --batch 11");
+    INFO(r.output);
+    CHECK(r.code == 0);
+    CHECK(number_after(r.output, "zero_vs_ref") >= 0);
+    CHECK(param_hashes(r.output).size() == 1);
+  }
+}
+
+TEST_CASE(
+    "ZeRO-2 over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, AdamW)",
+    "[dist][zero]") {
+  TempDir dir;
+  check_training(dir, 2);
+}
+
+TEST_CASE(
+    "ZeRO: optimizer state per rank falls as 1/N (stage 1), gradients too (stage 2), within the "
+    "padding",
+    "[dist][zero]") {
+  TempDir dir;
+  // Buckets of 4 KiB: 135, 2304 and 40 elements, each padded to a multiple of N.
+  const std::vector<int64_t> buckets = {135, 2304, 40};
+  const int64_t numel = 2479, f32 = 4;
+  for (int stage : {1, 2}) {
+    for (int n : {1, 2, 3}) {
+      Result r = run(
+          dir, n, "zero-memory --stage " + std::to_string(stage) + " --optim adam --bucket-kb 4");
+      INFO("stage " << stage << ", " << n << " ranks\n" << r.output);
+      REQUIRE(r.code == 0);
+      CHECK(contains(r.output, "buckets 3: 135 2304 40"));
+      int64_t shard = 0;
+      for (int64_t b : buckets) shard += (b + n - 1) / n;
+      CHECK(shard * n - numel < 3 * n);  // the padding: under N elements per bucket
+      for (int rank = 0; rank < n; ++rank) {
+        auto back = memory_line(r.output, "after-backward", rank),
+             step = memory_line(r.output, "after-step", rank);
+        REQUIRE(!back.empty());
+        REQUIRE(!step.empty());
+        CHECK(step["world"] == n);
+        CHECK(step["numel"] == numel);
+        CHECK(step["shard"] == shard);
+        CHECK(step["params"] == numel * f32);
+        CHECK(step["shard_params"] == shard * f32);
+        // Adam: two moments of the shard, plus a 4-byte step count per bucket shard.
+        CHECK(step["state"] == 2 * shard * f32 + 3 * 4);
+        CHECK(step["ddp_state"] == 2 * numel * f32 + 3 * 4);
+        // Stage 1 keeps the full gradient; stage 2 only the shard's, from backward on.
+        CHECK(back["grads"] == (stage == 1 ? numel * f32 : shard * f32));
+        CHECK(back["ddp_grads"] == numel * f32);
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO: a rank killed inside a reduce-scatter or an all-gather ends the others, naming it",
+          "[dist][zero][failure]") {
+  TempDir dir;
+  struct Case {
+    int stage;
+    const char* at;
+    const char* collective;
+  };
+  for (const Case& c : {Case{1, "reduce", "reduce_scatter"}, Case{1, "gather", "allgather"},
+                        Case{2, "reduce", "reduce_scatter"}, Case{2, "gather", "allgather"}}) {
+    // Started by hand: no launcher stops rank 0 early, it must end on its own.
+    const int port = tandem::parallel::distributed::free_port();
+    const std::string common =
+        env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+        std::to_string(port) + " TANDEM_JOB_ID=z" + std::to_string(port) + " ";
+    const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " zero-kill --stage " +
+                          std::to_string(c.stage) + " --kill-at " + c.at;
+    Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & " + common +
+                           "RANK=0 LOCAL_RANK=0 " + w + "; echo rank0 exit $?; wait)");
+    INFO("stage " << c.stage << ", killed at " << c.at << "\n" << r.output);
+    CHECK(contains(r.output, "rank0 exit 1"));
+    CHECK(r.seconds < 5 + 10);
+    CHECK(std::regex_search(r.output,
+                            std::regex(std::string(c.collective) + " #[0-9]+ .* on rank 0 of 2")));
+    CHECK(contains(r.output, "rank 1 is gone"));
+  }
+}
+TEST_CASE(
+    "FSDP over Gloo (SHARD_GRAD_OP, NO_SHARD) trains to DDP's and one process's parameters, "
+    "sharded at rest",
+    "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::vector<int64_t> units = {40, 2320, 119};  // the conv and the two linears
+  struct Case {
+    int ranks;
+    std::string args;
+  };
+  for (const Case& c : {Case{2, "--optim sgd"}, Case{3, "--optim sgd"}, Case{2, "--optim adam"},
+                        Case{3, "--optim adam"}, Case{2, "--optim adamw"}, Case{3, "--optim adamw"},
+                        Case{2, "--optim adam --no-shard"}, Case{3, "--optim adam --no-shard"}}) {
+    Result r = run(dir, c.ranks, "fsdp " + c.args + " --steps 4 --batch 10");
+    INFO(c.ranks << " ranks, " << c.args << "\n" << r.output);
+    CHECK(r.code == 0);
+    CHECK(contains(r.output, "units 3: 40 2320 119"));
+    CHECK(number_after(r.output, "fsdp_vs_ref") >= 0);
+    CHECK(number_after(r.output, "fsdp_vs_ref") <= 1e-6);
+    CHECK(count(r.output, "fsdp_vs_ddp") == size_t(c.ranks));
+    CHECK(param_hashes(r.output).size() == 1);
+    const bool sharded = !contains(c.args, "--no-shard");
+    const int n = sharded ? c.ranks : 1;
+    int64_t shard = 0;
+    for (int64_t u : units) shard += (u + n - 1) / n;
+    for (int rank = 0; rank < c.ranks; ++rank) {
+      auto rest = memory_line(r.output, "rest", rank, "fsdp-memory");
+      auto back = memory_line(r.output, "after-backward", rank, "fsdp-memory");
+      REQUIRE(!rest.empty());
+      CHECK(rest["params"] == 0);  // sharded: released; NO_SHARD: counted in the flat parameters
+      CHECK(rest["flat"] == shard * 4);
+      CHECK(back["grads"] == shard * 4);  // only the flat parameters' gradients
+    }
+  }
+}
+#endif
