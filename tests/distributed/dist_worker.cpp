@@ -70,7 +70,7 @@ void run_collectives(ProcessGroup& pg) {
       for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "allreduce sum");
     }
     Tensor a = full({n}, r + 1, kFloat32, g_device);
-    pg.allreduce(a, parallel::distributed::ReduceOp::Avg)->wait();
+    pg.allreduce(a, ReduceOp::Avg)->wait();
     for (float v : a.to_vector<float>()) require(std::abs(v - sum / w) < 1e-6, "allreduce avg");
 
     Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64, g_device);

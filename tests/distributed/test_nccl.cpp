@@ -54,7 +54,7 @@ TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda
     Tensor before = t.clone();
     pg.allreduce(t)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
-    pg.allreduce(t, parallel::distributed::ReduceOp::Avg)->wait();
+    pg.allreduce(t, ReduceOp::Avg)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
     Tensor out = zeros({n}, kFloat32, Device::cuda(0));
     pg.allgather(out, t)->wait();
