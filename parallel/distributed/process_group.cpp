@@ -226,10 +226,21 @@ ProcessGroup::~ProcessGroup() {
       // Note [leaving together]: rank 0's process hosts the store, so it leaves last — the
       // others may still be using the store (their monitor, a last key) a moment after their
       // final collective. Bounded: a rank that never comes costs at most 30 s here.
+      // Only the store's host (global rank 0) waits, in each of its groups. A rank that aborts
+      // or dies instead will not come: stop waiting for it then.
       store_->add("pg/exited", 1);
-      if (rank_ == 0) {
+      if (rank_ == 0 && global_ranks_[0] == 0) {
+        Store& root = root_store(*store_);
         const auto deadline = std::chrono::steady_clock::now() + std::min<Milliseconds>(options_.timeout, std::chrono::seconds(30));
-        while (store_->add("pg/exited", 0) < size_ && std::chrono::steady_clock::now() < deadline) {
+        auto gone = [&] {
+          if (store_->check({kAbortKey})) return true;
+          for (int r = 1; r < size_; ++r) {
+            if (root.check({disconnect_key(r)})) return true;
+          }
+          return false;
+        };
+        for (int polls = 0; store_->add("pg/exited", 0) < size_ && std::chrono::steady_clock::now() < deadline; ++polls) {
+          if (polls % 16 == 0 && gone()) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
       }
