@@ -241,6 +241,26 @@ TEST_CASE("A rank that catches a collective's error and destroys its group does 
   for (const auto& e : errors) CHECK(e == "");
 }
 
+TEST_CASE("A group destroyed with a collective in flight aborts instead of saying goodbye", "[dist][gloo]") {
+  auto errors = run_ranks(2, [](int r, std::shared_ptr<TCPStore> store) {
+    auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
+    if (r == 1) {
+      Tensor t = ones({4});
+      WorkPtr w = pg->allreduce(t);  // rank 0 has not joined: in flight
+      const auto t0 = Clock::now();
+      pg.reset();
+      CHECK(seconds_since(t0) < 2);  // aborted and joined, not Gloo's 30 s
+      CHECK(w->is_completed());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    Tensor t = ones({4});
+    const std::string msg = test::error_message<DistError>([&] { pg->allreduce(t)->wait(); });
+    CHECK(test::contains(msg, "rank 1 of 2 left the group with collectives in flight"));
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
 TEST_CASE("The monitor of a Gloo group runs under the CPU", "[dist][gloo]") {
   auto store = lone_store();
   auto pg = new_process_group("gloo", store, 0, 1, quick());
