@@ -29,7 +29,10 @@ enum class BinaryOp : uint8_t {
 // x op s, and RSub = s - x, RDiv = s / x, Pow = x^s.
 enum class ScalarOp : uint8_t { Add, Mul, RSub, RDiv, Pow };
 
-enum class ReduceOp : uint8_t { Sum, Mean, Max };
+// The one reduction enum of tandem: the kernels' reduce() and the process groups' collectives
+// (parallel/distributed/process_group.h) both take it. Avg is Mean under PyTorch's collective
+// name (torch.distributed.ReduceOp.AVG): the same value, so a switch names only one of them.
+enum class ReduceOp : uint8_t { Sum, Mean, Max, Avg = Mean };
 
 enum class PoolMode : uint8_t { Max, Avg };
 

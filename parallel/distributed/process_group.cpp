@@ -6,7 +6,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <algorithm>
 #include <exception>
+#include <future>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -17,7 +20,14 @@
 
 namespace tandem::parallel::distributed {
 
-const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "avg"; }
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
 
 Milliseconds default_collective_timeout() {
   const char* v = std::getenv("TANDEM_DIST_TIMEOUT");
@@ -45,7 +55,40 @@ std::string seconds_str(Milliseconds t) {
 std::string progress_key(int rank) { return "pg/progress/" + std::to_string(rank); }
 const char* kAbortKey = "pg/abort";
 
+// "pg<k>": the k-th group this process made on `store` (ProcessGroupOptions::group_name). Counted
+// per Store object, so ranks that are threads of one process (each with its own store client)
+// count alike; an entry whose store is gone is dropped.
+std::string default_group_name(const std::shared_ptr<Store>& store) {
+  static std::mutex mu;
+  static std::map<const Store*, std::pair<std::weak_ptr<Store>, int>> made;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = made.begin(); it != made.end();) it = it->second.first.expired() ? made.erase(it) : std::next(it);
+  auto& entry = made[store.get()];
+  if (entry.first.expired()) entry = {store, 0};
+  return "pg" + std::to_string(entry.second++);
+}
+
+std::string join_ints(const std::vector<int>& xs) {
+  std::string out;
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + std::to_string(xs[i]);
+  return out;
+}
+
 }  // namespace
+
+SettleResult settle_unlocked(std::mutex& mu, const std::function<bool()>& aborted,
+                             const std::function<bool()>& in_progress, Milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (aborted()) return SettleResult::kAborted;
+      if (!in_progress()) return SettleResult::kDone;
+    }
+    if (std::chrono::steady_clock::now() > deadline) return SettleResult::kTimedOut;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 std::string ProcessGroup::Call::str() const {
   std::ostringstream os;
@@ -71,37 +114,129 @@ struct ProcessGroup::Monitor {
   std::string error;
   bool error_is_timeout = false;
   bool engine_aborted = false;
+  // The first error a collective call of this group threw (an argument error, a failed wait):
+  // a rank that leaves after one does not say a clean goodbye (Note [leaving a group]).
+  std::string call_error;
+  std::promise<Device> device_promise;  // what the thread runs under (monitor_device)
+  std::shared_future<Device> device_future = device_promise.get_future().share();
 };
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(options), monitor_(std::make_unique<Monitor>()) {
-  TANDEM_CHECK(store_ != nullptr, Value, "ProcessGroup: no store");
+ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
+                           std::vector<int> global_ranks)
+    : base_store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      global_ranks_(std::move(global_ranks)),
+      monitor_(std::make_unique<Monitor>()) {
+  TANDEM_CHECK(base_store_ != nullptr, Value, "ProcessGroup: no store");
   TANDEM_CHECK(size >= 1, Value, "ProcessGroup: world size must be >= 1, got ", size);
   TANDEM_CHECK(rank >= 0 && rank < size, Value, "ProcessGroup: rank ", rank, " is not in [0, ", size, ")");
   TANDEM_CHECK(options.timeout.count() > 0, Value, "ProcessGroup: timeout must be positive");
+  if (global_ranks_.empty()) {
+    for (int r = 0; r < size; ++r) global_ranks_.push_back(r);
+  }
+  TANDEM_CHECK(static_cast<int>(global_ranks_.size()) == size, Value, "ProcessGroup: ", global_ranks_.size(),
+               " global ranks for a group of ", size);
+  name_ = options_.group_name.empty() ? default_group_name(base_store_) : options_.group_name;
+  options_.group_name = name_;
+  store_ = std::make_shared<PrefixStore>(name_, base_store_);
+}
+
+int ProcessGroup::global_rank(int group_rank) const {
+  TANDEM_CHECK(group_rank >= 0 && group_rank < size_, Value, "group ", name_, ": rank ", group_rank,
+               " is not in [0, ", size_, ")");
+  return global_ranks_[static_cast<size_t>(group_rank)];
+}
+
+int ProcessGroup::group_rank(int global_rank) const {
+  for (int r = 0; r < size_; ++r) {
+    if (global_ranks_[static_cast<size_t>(r)] == global_rank) return r;
+  }
+  TANDEM_THROW(Value, "group ", name_, ": global rank ", global_rank, " is not in the group (global ranks ",
+               join_ints(global_ranks_), ")");
+}
+
+std::vector<int> ProcessGroup::dead_ranks() const {
+  // The store names global ranks; this group's members among them, as group ranks.
+  std::vector<int> dead;
+  for (int g : store_->disconnected_ranks()) {
+    for (int r = 0; r < size_; ++r) {
+      if (global_ranks_[static_cast<size_t>(r)] == g) dead.push_back(r);
+    }
+  }
+  return dead;
+}
+
+std::string ProcessGroup::rank_str(int group_rank) const {
+  std::string s = "rank " + std::to_string(group_rank);
+  if (group_rank >= 0 && group_rank < size_ && global_ranks_[static_cast<size_t>(group_rank)] != group_rank) {
+    s += " (global " + std::to_string(global_ranks_[static_cast<size_t>(group_rank)]) + ")";
+  }
+  return s;
+}
+
+std::string ProcessGroup::where() const {
+  bool identity = true;
+  for (int r = 0; r < size_; ++r) identity = identity && global_ranks_[static_cast<size_t>(r)] == r;
+  if (identity) return "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+  return rank_str(rank_) + " of group [" + join_ints(global_ranks_) + "]";
+}
+
+// Note [leaving a group]
+// A rank's group can end in two ways, and the other ranks must be able to tell them apart at
+// once: a clean goodbye (every collective done, nothing failed: the job is over) or an abort
+// (this rank gives up: whatever the others wait for will never come). An exception unwinding
+// through the group's owner is an abort; so is a group destroyed after one of its collective
+// calls threw (the program caught the error and returns 1) or while a collective is in flight,
+// since the peers are, or soon will be, waiting in that collective for this rank. The abort is
+// published before the engine is torn down: NCCL's finalize or the join of Gloo's thread may
+// take a while, and the peers must not wait for that.
+void ProcessGroup::leave() {
+  if (left_) return;
+  left_ = true;
+  stop_monitor();
+  std::string why;
+  {
+    std::lock_guard<std::mutex> g(monitor_->error_mu);
+    if (monitor_->error.empty()) {
+      if (std::uncaught_exceptions() > 0) why = "exited with an error";
+      else if (!monitor_->call_error.empty()) why = "left the group after a failed collective: " + monitor_->call_error;
+    }
+  }
+  bool in_flight = false;
+  if (why.empty()) {
+    try {
+      in_flight = has_work_in_flight();
+    } catch (const std::exception& e) {
+      why = std::string("left the group: its collectives could not be checked: ") + e.what();
+    }
+  }
+  if (in_flight) why = "left the group with collectives in flight";
+  if (!why.empty()) fail(where() + " " + why, false);
+  std::lock_guard<std::mutex> g(monitor_->error_mu);
+  clean_ = monitor_->error.empty();
 }
 
 ProcessGroup::~ProcessGroup() {
-  stop_monitor();
+  leave();
   if (size_ == 1) return;
-  bool healthy = true;
-  {
-    std::lock_guard<std::mutex> g(monitor_->error_mu);
-    healthy = monitor_->error.empty();
-  }
   try {
-    if (std::uncaught_exceptions() > 0) {
-      // A rank that unwinds because of an error tells the others at once, so they do not wait
-      // for the timeout in their next collective (Note [collective failures]).
-      store_->set(kAbortKey, "rank " + std::to_string(rank_) + " exited with an error");
-    } else if (healthy) {
+    if (clean_) {
       // Note [leaving together]: rank 0's process hosts the store, so it leaves last — the
       // others may still be using the store (their monitor, a last key) a moment after their
       // final collective. Bounded: a rank that never comes costs at most 30 s here.
+      // Only the store's host (global rank 0) waits, in each of its groups. A rank that aborts
+      // or dies instead will not come: stop waiting for it then.
       store_->add("pg/exited", 1);
-      if (rank_ == 0) {
+      if (rank_ == 0 && global_ranks_[0] == 0) {
         const auto deadline = std::chrono::steady_clock::now() + std::min<Milliseconds>(options_.timeout, std::chrono::seconds(30));
-        while (store_->add("pg/exited", 0) < size_ && std::chrono::steady_clock::now() < deadline) {
+        auto gone = [&] {
+          if (store_->check({kAbortKey})) return true;
+          return !dead_ranks().empty();
+        };
+        for (int polls = 0; store_->add("pg/exited", 0) < size_ && std::chrono::steady_clock::now() < deadline; ++polls) {
+          if (polls % 16 == 0 && gone()) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
       }
@@ -111,8 +246,26 @@ ProcessGroup::~ProcessGroup() {
 }
 
 void ProcessGroup::start_monitor() {
-  if (size_ == 1) return;  // nobody to wait for
-  monitor_->thread = std::thread([this] { monitor_loop(); });
+  // A group of one has nobody to wait for, but its collectives still have deadlines (NCCL's
+  // poll_in_flight), so it has a monitor too.
+  const Device d = device();
+  monitor_->thread = std::thread([this, d] {
+    // First, before anything can touch CUDA: without it the thread's first CUDA call (an event
+    // query in poll_in_flight) would make a context on GPU 0 in every rank.
+    try {
+      set_current_device(d);
+    } catch (const std::exception& e) {
+      TANDEM_LOG_ERROR("process group monitor: ", e.what());
+    }
+    monitor_->device_promise.set_value(current_device());
+    monitor_loop();
+  });
+}
+
+Device ProcessGroup::monitor_device() const {
+  TANDEM_CHECK(monitor_->device_future.wait_for(std::chrono::seconds(10)) == std::future_status::ready, Value,
+               "group ", name_, ": the monitor thread has not started");
+  return monitor_->device_future.get();
 }
 
 void ProcessGroup::stop_monitor() {
@@ -156,22 +309,24 @@ void ProcessGroup::monitor_loop() {
         healthy = monitor_->error.empty();
       }
       if (healthy && store_->check({kAbortKey})) {
-        fail("rank " + std::to_string(rank_) + " stops because another rank failed: " +
-                 store_->get_string(kAbortKey),
-             false);
+        fail(where() + " stops because another rank failed: " + store_->get_string(kAbortKey), false);
       }
       // One request for every rank that left without a goodbye (store.h), not one per rank.
-      for (int r : healthy ? store_->disconnected_ranks() : std::vector<int>{}) {
-        if (r != rank_ && r < size_) {
-          fail("rank " + std::to_string(r) + " died (it left the store without saying goodbye); rank " +
-                   std::to_string(rank_) + " stops",
-               false);
+      for (int r : healthy ? dead_ranks() : std::vector<int>{}) {
+        if (r != rank_) {
+          fail(rank_str(r) + " died (it left the store without saying goodbye); " + where() + " stops", false);
           break;
         }
       }
+    } catch (const std::exception& e) {
+      fail(where() + " lost the store: " + e.what(), false);
+    }
+    // Apart from the store: an error here is the engine's or the device's (a CUDA error from an
+    // event query), and is reported as what it is.
+    try {
       poll_in_flight();
     } catch (const std::exception& e) {
-      fail("rank " + std::to_string(rank_) + " lost the store: " + e.what(), false);
+      fail(where() + ": checking the collectives in flight failed: " + e.what(), false);
     }
     lock.lock();
   }
@@ -206,7 +361,7 @@ void ProcessGroup::check_healthy() const {
 
 std::string ProcessGroup::failure_message(const Call& c, const std::string& reason) {
   std::ostringstream os;
-  os << c.str() << " on rank " << rank_ << " of " << size_ << ": " << reason;
+  os << c.str() << " on " << where() << ": " << reason;
   try {
     // Dead ranks first (the store saw their connection drop without a goodbye); then live ranks
     // whose published progress shows they never started this collective. A rank that has not
@@ -218,15 +373,15 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
     do {
       dead.clear();
       behind.clear();
-      const std::vector<int> gone = store_->disconnected_ranks();
+      const std::vector<int> gone = dead_ranks();
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         if (std::find(gone.begin(), gone.end(), r) != gone.end()) {
-          dead.push_back(std::to_string(r));
+          dead.push_back(rank_str(r));
         } else if (store_->check({progress_key(r)})) {
           const int64_t seen = std::stoll(store_->get_string(progress_key(r)));
           if (seen <= static_cast<int64_t>(c.seq)) {
-            behind.push_back(std::to_string(r) + " (last seen at #" + std::to_string(seen - 1) + ")");
+            behind.push_back(rank_str(r) + " (last seen at #" + std::to_string(seen - 1) + ")");
           }
         }
       }
@@ -238,8 +393,8 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
       for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + xs[i];
       return out;
     };
-    if (!dead.empty()) os << "; rank " << join(dead) << (dead.size() > 1 ? " are" : " is") << " gone (left the store without a goodbye)";
-    if (!behind.empty()) os << "; did not arrive: rank " << join(behind);
+    if (!dead.empty()) os << "; " << join(dead) << (dead.size() > 1 ? " are" : " is") << " gone (left the store without a goodbye)";
+    if (!behind.empty()) os << "; did not arrive: " << join(behind);
   } catch (const std::exception& e) {
     os << " (the store could not say which ranks are missing: " << e.what() << ")";
   }
@@ -251,17 +406,17 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
 ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor& t, const Tensor& other, int peer,
                                        ReduceOp reduce) {
   check_healthy();
-  TANDEM_CHECK(t.defined(), Value, op, " on rank ", rank_, ": undefined tensor");
-  TANDEM_CHECK(t.is_contiguous(), Value, op, " on rank ", rank_, ": the tensor must be contiguous, got ", t.str());
+  TANDEM_CHECK(t.defined(), Value, op, " on ", where(), ": undefined tensor");
+  TANDEM_CHECK(t.is_contiguous(), Value, op, " on ", where(), ": the tensor must be contiguous, got ", t.str());
   check_tensor(op, t);
   if (other.defined()) {
-    TANDEM_CHECK(other.is_contiguous(), Value, op, " on rank ", rank_, ": the tensor must be contiguous");
-    TANDEM_CHECK(other.dtype() == t.dtype() && other.device() == t.device(), Value, op, " on rank ", rank_,
+    TANDEM_CHECK(other.is_contiguous(), Value, op, " on ", where(), ": the tensor must be contiguous");
+    TANDEM_CHECK(other.dtype() == t.dtype() && other.device() == t.device(), Value, op, " on ", where(),
                  ": ", t.str(), " and ", other.str(), " differ in dtype or device");
   }
   const bool p2p = std::string(op) == "send" || std::string(op) == "recv";
   if (peer >= 0 || p2p) {
-    TANDEM_CHECK(peer >= 0 && peer < size_, Value, op, " on rank ", rank_, ": rank ", peer, " is not in [0, ",
+    TANDEM_CHECK(peer >= 0 && peer < size_, Value, op, " on ", where(), ": rank ", peer, " is not in [0, ",
                  size_, ")");
   }
   // Point-to-point calls are numbered per peer and direction, so the k-th send from a to b
@@ -302,8 +457,11 @@ void ProcessGroup::fingerprint(const Call& c) {
   }
   const std::string theirs = store_->get_string(root_key);
   if (theirs != mine) {
-    fail("collective #" + std::to_string(c.seq) + " differs between ranks: rank 0 called " + theirs + ", rank " +
-             std::to_string(rank_) + " called " + mine +
+    const std::string group = where().find(" of group ") == std::string::npos
+                                  ? std::string()
+                                  : " of group [" + join_ints(global_ranks_) + "]";
+    fail("collective #" + std::to_string(c.seq) + " differs between ranks" + group + ": " + rank_str(0) +
+             " called " + theirs + ", " + rank_str(rank_) + " called " + mine +
              " (every rank must issue the same collectives in the same order)",
          false);
     check_healthy();
@@ -320,45 +478,120 @@ bool ProcessGroup::wait_for_key(const std::string& key) {
   return true;
 }
 
+// Every collective call goes through here: an error it throws is remembered, so that a rank
+// which catches it and leaves does not say a clean goodbye (Note [leaving a group]). The Work
+// it returns reports its own errors through the group (fail), which is remembered as well.
+template <typename F>
+WorkPtr ProcessGroup::noting_errors(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> g(monitor_->error_mu);
+    if (monitor_->call_error.empty()) monitor_->call_error = e.what();
+    throw;
+  }
+}
+
 WorkPtr ProcessGroup::allreduce(const Tensor& t, ReduceOp op) {
-  return do_allreduce(begin("allreduce", t, Tensor(), -1, op));
+  return noting_errors([&] {
+    TANDEM_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg || op == ReduceOp::Max, Value, "allreduce on ",
+                 where(), ": reduce op ", static_cast<int>(op), " is not sum, avg or max");
+    return do_allreduce(begin("allreduce", t, Tensor(), -1, op));
+  });
 }
 
 WorkPtr ProcessGroup::broadcast(const Tensor& t, int root) {
-  TANDEM_CHECK(root >= 0 && root < size_, Value, "broadcast on rank ", rank_, ": root ", root, " is not in [0, ",
-               size_, ")");
-  return do_broadcast(begin("broadcast", t, Tensor(), root));
+  return noting_errors([&] {
+    TANDEM_CHECK(root >= 0 && root < size_, Value, "broadcast on ", where(), ": root ", root, " is not in [0, ",
+                 size_, ")");
+    return do_broadcast(begin("broadcast", t, Tensor(), root));
+  });
 }
 
 WorkPtr ProcessGroup::allgather(const Tensor& out, const Tensor& in) {
-  TANDEM_CHECK(out.defined() && in.defined() && out.numel() == in.numel() * size_, Shape, "allgather on rank ",
-               rank_, ": output must have ", size_, " x ", in.defined() ? in.numel() : 0, " elements, got ",
-               out.defined() ? out.numel() : 0);
-  return do_allgather(begin("allgather", in, out));
+  return noting_errors([&] {
+    TANDEM_CHECK(out.defined() && in.defined() && out.numel() == in.numel() * size_, Shape, "allgather on ",
+                 where(), ": output must have ", size_, " x ", in.defined() ? in.numel() : 0, " elements, got ",
+                 out.defined() ? out.numel() : 0);
+    return do_allgather(begin("allgather", in, out));
+  });
 }
 
 WorkPtr ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) {
-  TANDEM_CHECK(out.defined() && in.defined() && in.numel() == out.numel() * size_, Shape, "reduce_scatter on rank ",
-               rank_, ": input must have ", size_, " x ", out.defined() ? out.numel() : 0, " elements, got ",
-               in.defined() ? in.numel() : 0);
-  return do_reduce_scatter(begin("reduce_scatter", in, out, -1, op));
+  return noting_errors([&] {
+    TANDEM_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg || op == ReduceOp::Max, Value, "reduce_scatter on ",
+                 where(), ": reduce op ", static_cast<int>(op), " is not sum, avg or max");
+    TANDEM_CHECK(out.defined() && in.defined() && in.numel() == out.numel() * size_, Shape, "reduce_scatter on ",
+                 where(), ": input must have ", size_, " x ", out.defined() ? out.numel() : 0, " elements, got ",
+                 in.defined() ? in.numel() : 0);
+    return do_reduce_scatter(begin("reduce_scatter", in, out, -1, op));
+  });
 }
 
 WorkPtr ProcessGroup::send(const Tensor& t, int dst) {
-  TANDEM_CHECK(dst != rank_, Value, "send on rank ", rank_, ": cannot send to itself");
-  return do_send(begin("send", t, Tensor(), dst));
+  return noting_errors([&] {
+    TANDEM_CHECK(dst != rank_, Value, "send on ", where(), ": cannot send to itself");
+    return do_send(begin("send", t, Tensor(), dst));
+  });
 }
 
 WorkPtr ProcessGroup::recv(const Tensor& t, int src) {
-  TANDEM_CHECK(src != rank_, Value, "recv on rank ", rank_, ": cannot receive from itself");
-  return do_recv(begin("recv", t, Tensor(), src));
+  return noting_errors([&] {
+    TANDEM_CHECK(src != rank_, Value, "recv on ", where(), ": cannot receive from itself");
+    return do_recv(begin("recv", t, Tensor(), src));
+  });
 }
 
 void ProcessGroup::barrier() {
   // A one-element allreduce on the group's own engine: it also orders after every collective
   // issued before, which a store-only barrier would not.
   Tensor t = zeros({1}, kFloat32, device());
-  allreduce(t)->synchronize();
+  WorkPtr w = allreduce(t);
+  noting_errors([&] {
+    w->synchronize();
+    return w;
+  });
+}
+
+// ---- subgroups ---------------------------------------------------------------------------
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
+  return new_group(std::move(ranks), options_);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks, ProcessGroupOptions options) {
+  // Counted before any check, on members and non-members alike, so that the names stay in step
+  // on every rank even when a call fails on all of them.
+  const uint64_t k = subgroups_made_++;
+  check_healthy();
+  TANDEM_CHECK(!ranks.empty(), Value, "new_group on ", where(), ": the list of ranks is empty");
+  for (int r : ranks) {
+    TANDEM_CHECK(r >= 0 && r < size_, Value, "new_group on ", where(), ": rank ", r, " is not in [0, ", size_,
+                 ") (ranks [", join_ints(ranks), "])");
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    TANDEM_CHECK(ranks[i] != ranks[i - 1], Value, "new_group on ", where(), ": rank ", ranks[i],
+                 " appears more than once in [", join_ints(ranks), "]");
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) return nullptr;
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(global_ranks_[static_cast<size_t>(r)]);
+  options.group_name = name_ + "/sub" + std::to_string(k);
+  return make_subgroup(base_store_, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), options,
+                       std::move(global));
+}
+
+std::shared_ptr<ProcessGroup> new_group(const std::shared_ptr<ProcessGroup>& group, std::vector<int> ranks) {
+  TANDEM_CHECK(group != nullptr, Value, "new_group: no parent group (nullptr: this rank is not in it)");
+  return group->new_group(std::move(ranks));
+}
+
+std::shared_ptr<ProcessGroup> new_group(const std::shared_ptr<ProcessGroup>& group, std::vector<int> ranks,
+                                        ProcessGroupOptions options) {
+  TANDEM_CHECK(group != nullptr, Value, "new_group: no parent group (nullptr: this rank is not in it)");
+  return group->new_group(std::move(ranks), options);
 }
 
 // ---- making groups ---------------------------------------------------------------------
@@ -404,9 +637,11 @@ DistributedContext init_process_group(const std::string& backend, Device device,
   so.rank = ctx.env.rank;
   so.timeout = options.timeout;
   so.job_id = ctx.env.job_id;
+  so.world_size = ctx.env.world_size;  // the connection cap and the loopback check (store.h)
+  so.local_world_size = ctx.env.local_world_size;
   ctx.store = std::make_shared<TCPStore>(ctx.env.master_addr, ctx.env.master_port, so);
-  ctx.group = make_group(b, std::make_shared<PrefixStore>("default_pg", ctx.store), ctx.env.rank,
-                         ctx.env.world_size, options, ctx.env.master_addr);
+  if (options.group_name.empty()) options.group_name = "default_pg";
+  ctx.group = make_group(b, ctx.store, ctx.env.rank, ctx.env.world_size, options, ctx.env.master_addr);
   return ctx;
 }
 

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/store.h"
 
@@ -46,8 +47,11 @@ class Trace;
 
 namespace tandem::parallel::distributed {
 
-enum class ReduceOp { Sum, Avg };  // Avg: Sum divided by the group size (PyTorch's AVG)
-const char* reduce_op_name(ReduceOp op);
+// The reduction of a collective: tandem's one ReduceOp (kernels/backend.h), so code that uses both
+// namespaces names one enum. Collectives take Sum, Avg (= Mean: Sum divided by the group size,
+// PyTorch's AVG; floating dtypes only) and Max.
+using tandem::ReduceOp;
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
 // The result of a collective that may still be running.
 class Work {
@@ -76,18 +80,57 @@ struct ProcessGroupOptions {
   // NCCL: run collectives on a high-priority stream (PyTorch's is_high_priority_stream; off by
   // default there and here). TANDEM_NCCL_HIGH_PRIORITY=1 turns it on from the environment.
   bool high_priority_stream = default_high_priority_stream();
+  // The group's name, which is also its prefix in the store: every key the group uses (the NCCL
+  // id, Gloo's rendezvous, fingerprints, progress, the abort key) lives under "<group_name>/",
+  // so groups on one store never share a key. Empty: "pg<k>", k counting the groups this process
+  // made on that Store object (so every rank must make its groups in the same order, as in
+  // PyTorch). init_process_group names its group "default_pg"; subgroups are named by new_group.
+  std::string group_name;
 };
 
 class ProcessGroup {
  public:
-  // `store` is shared by every rank of the job (a PrefixStore of it is fine).
-  ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
+  // `store` is shared by every rank of the job (a PrefixStore of it is fine); the group works
+  // under "<options.group_name>/" in it. `global_ranks[i]` is the job's rank (the store client's
+  // rank) of this group's rank i; empty: the identity (a group of the whole job).
+  ProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
+               std::vector<int> global_ranks = {});
   virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return rank_; }
+  int rank() const { return rank_; }  // this process's rank in the group
   int size() const { return size_; }
+  // The group's name and store prefix (ProcessGroupOptions::group_name).
+  const std::string& group_name() const { return name_; }
+  // The job's ranks of the group's members, by group rank (torch.distributed's
+  // get_process_group_ranks), and the two conversions (get_global_rank, get_group_rank).
+  // ValueError for a rank outside the group.
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  int global_rank(int group_rank) const;
+  int group_rank(int global_rank) const;
+
+  // Note [subgroups]: torch.distributed.new_group(ranks). A new group of some of this group's
+  // ranks, with the same backend, made by a collective call: every rank of *this* group calls
+  // new_group with the same `ranks`, and makes its new_group calls in the same order (members
+  // and non-members alike: the calls are counted to name the subgroups). `ranks` are ranks of
+  // this group (for the job's group, the global ranks), in any order; the subgroup's rank i is
+  // the i-th smallest. A duplicate, a rank outside [0, size()) or an empty list is a ValueError
+  // naming it, on every rank. Members get the subgroup (its creation waits, up to the timeout,
+  // for the other members: Gloo's rendezvous or NCCL's communicator setup); the others get
+  // nullptr at once (PyTorch returns GroupMember.NON_GROUP_MEMBER there).
+  // The subgroup is a group like any other: its own store prefix "<group_name()>/sub<k>" (k: this
+  // group's k-th new_group call), its own communicator or Gloo context, sequence numbers,
+  // fingerprints, monitor and abort key, so the collectives of two groups are never mixed up
+  // and any number of groups may run collectives at the same time. Its lifetime is its own (it
+  // keeps the store alive, not this group). Every rank still issues the same collectives in the
+  // same order *per group*. Errors name the subgroup's rank and the global rank:
+  //   "allreduce #3 (float32 x 10, sum) on rank 1 (global 3) of group [2, 3]: ..."
+  // A failure in a subgroup ends that subgroup on all its members; the job's other groups learn
+  // of it when a member unwinds (its groups then publish their abort keys) or dies.
+  // options: those of the subgroup (default: this group's; group_name is always the derived one).
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, ProcessGroupOptions options);
   virtual std::string backend() const = 0;
   // Where this group's tensors live: the CPU for Gloo, this rank's GPU for NCCL.
   virtual Device device() const = 0;
@@ -129,6 +172,11 @@ class ProcessGroup {
   // the group is healthy. Every collective calls it first.
   void check_healthy() const;
 
+  // The device the monitor thread runs under (set as its first act, before any CUDA call, so a
+  // rank never makes a CUDA context on a GPU that is not its own): device(). Waits for the
+  // thread to start.
+  Device monitor_device() const;
+
  protected:
   // What a collective is, for fingerprints and error messages: "allreduce #17 (float32 x 62006)".
   struct Call {
@@ -145,9 +193,15 @@ class ProcessGroup {
   virtual WorkPtr do_reduce_scatter(const Call& c) = 0;
   virtual WorkPtr do_send(const Call& c) = 0;
   virtual WorkPtr do_recv(const Call& c) = 0;
-  // Called by the monitor once the group has failed (after the error is recorded): stop the
-  // engine so nothing waits on it any more (ncclCommAbort; Gloo's pairs close).
+  // Called once the group has failed (after the error is recorded and published): stop the
+  // engine so nothing waits on it any more (ncclCommAbort; Gloo's pairs close). Any thread.
   virtual void abort_engine() {}
+  // True while a collective issued on this group has not finished (queued or running).
+  virtual bool has_work_in_flight() { return false; }
+  // Makes the subgroup for new_group (same backend).
+  virtual std::shared_ptr<ProcessGroup> make_subgroup(std::shared_ptr<Store> store, int rank, int size,
+                                                      ProcessGroupOptions options,
+                                                      std::vector<int> global_ranks) = 0;
   // Backends check the device kind of the tensors here.
   virtual void check_tensor(const char* op, const Tensor& t) const = 0;
 
@@ -160,16 +214,32 @@ class ProcessGroup {
   // Starts the monitor thread; backends call it at the end of their constructor.
   void start_monitor();
   void stop_monitor();
+  // Note [leaving a group]: backends call it first in their destructor, before the engine is
+  // torn down (which may wait). Stops the monitor and decides how this rank leaves: a clean
+  // goodbye only when the group is healthy, no collective call of it threw, none is in flight
+  // and no exception is unwinding; otherwise the group fails (its abort key is published at once
+  // and the engine aborted), so the other ranks learn of it within a monitor interval.
+  void leave();
+  // "rank 1 of 2", or for a subgroup "rank 1 (global 3) of group [2, 3]".
+  std::string where() const;
+  // "rank 1", or "rank 1 (global 3)" where the two differ.
+  std::string rank_str(int group_rank) const;
   // Called by the monitor about every monitor_interval: a backend checks its in-flight work
   // against the deadlines and the engine's own error state.
   virtual void poll_in_flight() {}
 
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> base_store_;  // the store as given
+  std::string name_;
+  std::shared_ptr<Store> store_;       // base_store_ under "<name_>/"
   int rank_, size_;
   ProcessGroupOptions options_;
+  std::vector<int> global_ranks_;
   std::atomic<Trace*> trace_{nullptr};
 
  private:
+  template <typename F>
+  WorkPtr noting_errors(F&& f);
+  std::vector<int> dead_ranks() const;  // members whose store connection ended without a goodbye
   Call begin(const char* op, const Tensor& t, const Tensor& other = Tensor(), int peer = -1,
              ReduceOp reduce = ReduceOp::Sum);
   void fingerprint(const Call& c);
@@ -177,12 +247,15 @@ class ProcessGroup {
 
   uint64_t seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // per peer: point-to-point calls so far
+  uint64_t subgroups_made_ = 0;                  // new_group calls so far
+  bool left_ = false, clean_ = false;
   struct Monitor;
   std::unique_ptr<Monitor> monitor_;
 };
 
 // A group from explicit pieces: backend "nccl" (the current CUDA device is this rank's GPU),
-// "gloo", or "auto" (nccl when a GPU is the current device... see init_process_group).
+// "gloo", or "auto" (nccl when a GPU is the current device... see init_process_group). Groups
+// made on one store get distinct names (ProcessGroupOptions::group_name).
 std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
                                                 std::shared_ptr<Store> store, int rank, int size,
                                                 ProcessGroupOptions options = {});
@@ -194,7 +267,7 @@ std::shared_ptr<ProcessGroup> new_process_group(const std::string& backend,
 struct DistributedContext {
   DistEnv env;
   std::shared_ptr<TCPStore> store;
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;  // named "default_pg"; its subgroups come from group->new_group
 };
 DistributedContext init_process_group(const std::string& backend, Device device,
                                       ProcessGroupOptions options = {});
@@ -202,5 +275,10 @@ DistributedContext init_process_group(const std::string& backend, Device device,
 // The names new_process_group accepts in this build ("gloo" only with Gloo, "nccl" only with
 // NCCL).
 std::vector<std::string> process_group_backends();
+
+// torch.distributed.new_group(ranks) in its free-function shape: group->new_group(ranks).
+std::shared_ptr<ProcessGroup> new_group(const std::shared_ptr<ProcessGroup>& group, std::vector<int> ranks);
+std::shared_ptr<ProcessGroup> new_group(const std::shared_ptr<ProcessGroup>& group, std::vector<int> ranks,
+                                        ProcessGroupOptions options);
 
 }  // namespace tandem::parallel::distributed

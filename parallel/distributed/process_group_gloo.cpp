@@ -25,6 +25,19 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+
+// Note [aborting gloo]
+// Gloo has no abort. What its own timeout does is the next best thing: it puts every pair in
+// the error state (tcp::Pair::signalExceptionExternal), which wakes every wait on the pair with
+// an exception and closes its socket, so the peers' waits end too. That function is public, but
+// its header (gloo/transport/tcp/pair.h) cannot be included from Debian's libgloo-dev, which
+// lacks the gloo/common/memory.h it includes. So it is declared here under its exported name,
+// as a function taking the pair first (how the Itanium C++ ABI passes `this`), and weakly: a
+// Gloo without it leaves the pointer null, and abort falls back to closing the pairs
+// (gloo::Context::closeConnections), which wakes the peers' waits but not this rank's own.
+extern std::exception_ptr tandem_gloo_tcp_pair_signal_exception(void* pair, const std::string& message) __asm__(
+    "_ZN4gloo9transport3tcp4Pair23signalExceptionExternalERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE")
+    __attribute__((weak));
 #endif
 
 #include "core/error.h"
@@ -36,7 +49,7 @@ namespace tandem::parallel::distributed {
 #ifndef TANDEM_WITH_GLOO
 
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store>, int, int, ProcessGroupOptions,
-                                              const std::string&) {
+                                              const std::string&, std::vector<int>) {
   TANDEM_THROW(Dist, "process group backend \"gloo\" is not in this build of tandem (Gloo was not found when "
                      "it was built; on Debian: apt-get install libgloo-dev, then rebuild)");
 }
@@ -138,7 +151,25 @@ class GlooP2PWork : public Work {
   std::exception_ptr error_;
 };
 
-// The element-wise sum Gloo calls, for our dtype.
+// The element-wise reduction Gloo calls, for our dtype: the sum (Avg divides it afterwards) or
+// the maximum.
+gloo::AllreduceOptions::Func max_function(DType t) {
+  switch (t) {
+    case DType::Float32: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<float>(c, a, b, n); };
+    case DType::Float64: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<double>(c, a, b, n); };
+    case DType::Int64: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<int64_t>(c, a, b, n); };
+    case DType::UInt8: return [](void* c, const void* a, const void* b, size_t n) { gloo::max<uint8_t>(c, a, b, n); };
+    case DType::BFloat16:
+      return [](void* c, const void* a, const void* b, size_t n) {
+        auto* pc = static_cast<BFloat16*>(c);
+        const auto* pa = static_cast<const BFloat16*>(a);
+        const auto* pb = static_cast<const BFloat16*>(b);
+        for (size_t i = 0; i < n; ++i) pc[i] = static_cast<float>(pa[i]) < static_cast<float>(pb[i]) ? pb[i] : pa[i];
+      };
+  }
+  TANDEM_THROW(DType, "gloo: unsupported dtype ", dtype_name(t));
+}
+
 gloo::AllreduceOptions::Func sum_function(DType t) {
   switch (t) {
     case DType::Float32: return [](void* c, const void* a, const void* b, size_t n) { gloo::sum<float>(c, a, b, n); };
@@ -192,8 +223,8 @@ gloo::transport::tcp::attr transport_attr(const std::string& master_addr) {
 class ProcessGroupGloo final : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
-                   const std::string& master_addr)
-      : ProcessGroup(std::move(store), rank, size, options) {
+                   const std::string& master_addr, std::vector<int> global_ranks)
+      : ProcessGroup(std::move(store), rank, size, options, std::move(global_ranks)), master_addr_(master_addr) {
     try {
       device_ = gloo::transport::tcp::CreateDevice(transport_attr(master_addr));
       context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -204,42 +235,27 @@ class ProcessGroupGloo final : public ProcessGroup {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      TANDEM_THROW(Dist, "gloo rendezvous on rank ", rank, " of ", size, " failed: ", e.what());
+      TANDEM_THROW(Dist, "gloo rendezvous on ", where(), " (group ", group_name(), ") failed: ", e.what());
     }
     thread_ = std::thread([this] {
+      // Before anything else, as every thread tandem starts: this one never touches a GPU.
+      set_current_device(kCPU);
       loop();
-      std::lock_guard<std::mutex> lock(exit_mu_);
-      exited_ = true;
-      exit_cv_.notify_all();
     });
     start_monitor();
   }
 
+  // Note [leaving a group] first: a failed group (or one left with collectives in flight) is
+  // aborted there, which ends a collective stuck in Gloo at once (abort_engine); then the thread
+  // finishes what is queued (each item fails at once once the group has failed) and is joined.
+  // It never outlives the group.
   ~ProcessGroupGloo() override {
-    stop_monitor();
+    leave();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    // After a failure a collective can still be stuck in Gloo (the monitor saw a rank die before
-    // Gloo did), and join() would wait for Gloo's own timeout, minutes. Wait a little for the
-    // thread to finish; past that the process is about to exit with the group's error anyway,
-    // so let the thread go rather than hang.
-    bool failed = false;
-    try {
-      check_healthy();
-    } catch (...) {
-      failed = true;
-    }
-    if (failed) {
-      std::unique_lock<std::mutex> lock(exit_mu_);
-      if (!exit_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return exited_; })) {
-        lock.unlock();
-        thread_.detach();
-        return;
-      }
-    }
     thread_.join();
   }
 
@@ -253,12 +269,12 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   WorkPtr do_allreduce(const Call& c) override {
-    TANDEM_CHECK(c.reduce == ReduceOp::Sum || is_floating(c.t.dtype()), DType, c.str(),
+    TANDEM_CHECK(c.reduce != ReduceOp::Avg || is_floating(c.t.dtype()), DType, c.str(),
                  ": avg needs a floating dtype");
     return enqueue(c, [this, c](gloo::Context&) {
       gloo::AllreduceOptions o(context_);
       set_typed_output(o, c.t);
-      o.setReduceFunction(sum_function(c.t.dtype()));
+      o.setReduceFunction(c.reduce == ReduceOp::Max ? max_function(c.t.dtype()) : sum_function(c.t.dtype()));
       o.setTag(tag(c));
       o.setTimeout(options_.timeout);
       gloo::allreduce(o);
@@ -291,11 +307,13 @@ class ProcessGroupGloo final : public ProcessGroup {
   // Gloo has no reduce-scatter in its options API: allreduce a copy and keep this rank's chunk
   // (twice the bytes of a real reduce-scatter; DDP does not use it).
   WorkPtr do_reduce_scatter(const Call& c) override {
+    TANDEM_CHECK(c.reduce != ReduceOp::Avg || is_floating(c.t.dtype()), DType, c.str(),
+                 ": avg needs a floating dtype");
     return enqueue(c, [this, c](gloo::Context&) {
       Tensor whole = c.t.clone();
       gloo::AllreduceOptions o(context_);
       set_typed_output(o, whole);
-      o.setReduceFunction(sum_function(whole.dtype()));
+      o.setReduceFunction(c.reduce == ReduceOp::Max ? max_function(whole.dtype()) : sum_function(whole.dtype()));
       o.setTag(tag(c));
       o.setTimeout(options_.timeout);
       gloo::allreduce(o);
@@ -310,6 +328,38 @@ class ProcessGroupGloo final : public ProcessGroup {
   // peer's matching recv queued behind its own send.
   WorkPtr do_send(const Call& c) override { return p2p(c, true); }
   WorkPtr do_recv(const Call& c) override { return p2p(c, false); }
+
+  // Note [aborting gloo]: a collective blocked in Gloo ends at once (the caller sees the group's
+  // error, not Gloo's), instead of at Gloo's own timeout.
+  void abort_engine() override {
+    if (!context_) return;
+    try {
+      if (tandem_gloo_tcp_pair_signal_exception == nullptr) {
+        context_->closeConnections();
+        return;
+      }
+      const std::string message = "process group " + group_name() + " aborted";
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        // The pairs are TCP ones (the device is); void* is the most-derived object.
+        void* pair = dynamic_cast<void*>(context_->getPair(r).get());
+        if (pair != nullptr) tandem_gloo_tcp_pair_signal_exception(pair, message);
+      }
+    } catch (const std::exception& e) {
+      TANDEM_LOG_ERROR("gloo abort on ", where(), ": ", e.what());
+    }
+  }
+
+  bool has_work_in_flight() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_ || !queue_.empty();
+  }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(std::shared_ptr<Store> store, int rank, int size,
+                                              ProcessGroupOptions options, std::vector<int> global_ranks) override {
+    return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options, master_addr_,
+                                              std::move(global_ranks));
+  }
 
  private:
   using Job = std::function<void(gloo::Context&)>;
@@ -365,6 +415,7 @@ class ProcessGroupGloo final : public ProcessGroup {
         if (queue_.empty()) return;
         item = std::move(queue_.front());
         queue_.pop_front();
+        running_ = true;
       }
       std::exception_ptr error;
       Trace* trace = trace_.load();
@@ -378,8 +429,21 @@ class ProcessGroupGloo final : public ProcessGroup {
           trace->add(kCPU, std::string(item.call.op) + " #" + std::to_string(item.call.seq), "comm", std::move(start),
                      std::move(end));
         }
-      } catch (const Error&) {
-        error = std::current_exception();
+      } catch (const Error& e) {
+        // Ours: the group had failed already (check_healthy), or this collective cannot run
+        // here; either way the group is over, and the peers must not wait for this rank.
+        bool healthy = true;
+        try {
+          check_healthy();
+        } catch (...) {
+          healthy = false;
+        }
+        if (healthy) fail(failure_message(item.call, e.what()), false);
+        try {
+          check_healthy();
+        } catch (...) {
+          error = std::current_exception();
+        }
       } catch (const std::exception& e) {
         // Gloo's exceptions say what the transport saw ("Connection closed by peer", "Timed
         // out"); ours adds which collective and which ranks.
@@ -392,6 +456,10 @@ class ProcessGroupGloo final : public ProcessGroup {
           error = std::current_exception();
         }
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = false;
+      }
       item.work->finish(error);
     }
   }
@@ -402,6 +470,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     std::shared_ptr<GlooWork> work;
   };
 
+  std::string master_addr_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::thread thread_;
@@ -409,16 +478,16 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stop_ = false;
-  std::mutex exit_mu_;  // the thread says here that it has left loop()
-  std::condition_variable exit_cv_;
-  bool exited_ = false;
+  bool running_ = false;  // the thread is running a collective (has_work_in_flight)
 };
 
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size,
-                                              ProcessGroupOptions options, const std::string& master_addr) {
-  return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options, master_addr);
+                                              ProcessGroupOptions options, const std::string& master_addr,
+                                              std::vector<int> global_ranks) {
+  return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options, master_addr,
+                                            std::move(global_ranks));
 }
 
 #endif

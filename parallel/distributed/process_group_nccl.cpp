@@ -30,7 +30,7 @@ namespace tandem::parallel::distributed {
 
 #ifndef TANDEM_WITH_NCCL
 
-std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int, ProcessGroupOptions) {
+std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store>, int, int, ProcessGroupOptions, std::vector<int>) {
   TANDEM_THROW(Dist, "process group backend \"nccl\" is not in this build of tandem (it needs CUDA and NCCL "
                      "found when it was built); use \"gloo\" for CPU tensors");
 }
@@ -67,8 +67,9 @@ class NcclWork : public Work {
 
 class ProcessGroupNccl final : public ProcessGroup {
  public:
-  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
-      : ProcessGroup(std::move(store), rank, size, options), device_(current_device()) {
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
+                   std::vector<int> global_ranks)
+      : ProcessGroup(std::move(store), rank, size, options, std::move(global_ranks)), device_(current_device()) {
     TANDEM_CHECK(device_.is_cuda(), Device, "nccl process group on rank ", rank, ": the current device is ",
                  device_.str(), "; make this rank's GPU current first (or use the gloo backend for CPU tensors)");
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off
@@ -90,24 +91,33 @@ class ProcessGroupNccl final : public ProcessGroup {
     ncclComm_t comm = nullptr;
     ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     comm_ = comm;
-    if (r == ncclInProgress || r == ncclSuccess) r = settle("ncclCommInitRankConfig", options.timeout);
+    if (r == ncclInProgress || r == ncclSuccess) r = settle(options.timeout);
     if (r != ncclSuccess) {
       if (comm_) ncclCommAbort(comm_);
       comm_ = nullptr;
-      TANDEM_THROW(Nccl, "nccl process group on rank ", rank, " of ", size, ": communicator setup failed: ",
-                   ncclGetErrorString(r), r == ncclInProgress ? " (timed out: a rank did not join)" : "");
+      TANDEM_THROW(Nccl, "nccl process group on ", where(), " (group ", group_name(),
+                   "): communicator setup failed: ", ncclGetErrorString(r),
+                   r == ncclInProgress ? " (timed out: a rank did not join)" : "");
     }
     start_monitor();
   }
 
+  // Note [leaving a group] first: a failed group, or one left with collectives in flight or
+  // while an exception unwinds, publishes its abort and aborts the communicator there, before
+  // anything here may wait (a finalize waits for the peers, up to 30 s).
   ~ProcessGroupNccl() override {
-    stop_monitor();
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_) {
-      ncclResult_t r = aborted_ ? ncclSuccess : ncclCommFinalize(comm_);
-      if (r == ncclInProgress) r = settle("ncclCommFinalize", std::chrono::seconds(30));
-      if (r != ncclSuccess) TANDEM_LOG_ERROR("ncclCommFinalize failed: ", ncclGetErrorString(r));
-      if (!aborted_) ncclCommDestroy(comm_);
+    leave();
+    try {
+      DeviceGuard guard(device_);
+      if (comm_ && !aborted_) {
+        ncclResult_t r = ncclCommFinalize(comm_);
+        if (r == ncclInProgress) r = settle(std::chrono::seconds(30));
+        if (r != ncclSuccess) TANDEM_LOG_ERROR("ncclCommFinalize failed: ", ncclGetErrorString(r));
+        std::lock_guard<std::mutex> lock(comm_mu_);
+        if (!aborted_) ncclCommDestroy(comm_);
+      }
+    } catch (const std::exception& e) {
+      TANDEM_LOG_ERROR("nccl process group on ", where(), ": ", e.what());
     }
   }
 
@@ -120,8 +130,12 @@ class ProcessGroupNccl final : public ProcessGroup {
                  device_.str(), ", got ", t.str());
   }
 
+  static ncclRedOp_t nccl_op(ReduceOp op) {
+    return op == ReduceOp::Avg ? ncclAvg : op == ReduceOp::Max ? ncclMax : ncclSum;
+  }
+
   WorkPtr do_allreduce(const Call& c) override {
-    const ncclRedOp_t op = c.reduce == ReduceOp::Avg ? ncclAvg : ncclSum;
+    const ncclRedOp_t op = nccl_op(c.reduce);
     return launch(c, [&](cudaStream_t s) {
       return ncclAllReduce(c.t.raw_data(), c.t.raw_data(), static_cast<size_t>(c.t.numel()), nccl_type(c.t.dtype()),
                            op, comm_, s);
@@ -140,7 +154,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     });
   }
   WorkPtr do_reduce_scatter(const Call& c) override {
-    const ncclRedOp_t op = c.reduce == ReduceOp::Avg ? ncclAvg : ncclSum;
+    const ncclRedOp_t op = nccl_op(c.reduce);
     return launch(c, [&](cudaStream_t s) {
       return ncclReduceScatter(c.t.raw_data(), c.other.raw_data(), static_cast<size_t>(c.other.numel()),
                                nccl_type(c.t.dtype()), op, comm_, s);
@@ -165,15 +179,40 @@ class ProcessGroupNccl final : public ProcessGroup {
     }
   }
 
+  bool has_work_in_flight() override {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (aborted_) return false;
+    DeviceGuard guard(device_);
+    for (const InFlight& f : in_flight_) {
+      if (!f.done->query()) return true;
+    }
+    return false;
+  }
+
+  std::shared_ptr<ProcessGroup> make_subgroup(std::shared_ptr<Store> store, int rank, int size,
+                                              ProcessGroupOptions options, std::vector<int> global_ranks) override {
+    DeviceGuard guard(device_);  // the subgroup's GPU is this group's
+    return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, std::move(global_ranks));
+  }
+
   void poll_in_flight() override {
     std::string failed;
     bool timeout = false;
     {
       std::lock_guard<std::mutex> lock(comm_mu_);
-      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      // A CUDA error here (the event query) is the device's, and is reported as one, naming the
+      // collective it was checking.
+      std::string cuda_error;
+      try {
+        while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      } catch (const std::exception& e) {
+        cuda_error = e.what();
+      }
       ncclResult_t async = ncclSuccess;
       if (comm_ && !aborted_) ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
+      if (!cuda_error.empty()) {
+        failed = "a CUDA error while checking whether it finished: " + cuda_error;
+      } else if (async != ncclSuccess && async != ncclInProgress) {
         failed = std::string("NCCL reported ") + ncclGetErrorString(async);
       } else if (!in_flight_.empty() && std::chrono::steady_clock::now() > in_flight_.front().deadline) {
         failed = "timed out after " + std::to_string(options_.timeout.count() / 1000.0) + " s";
@@ -185,16 +224,21 @@ class ProcessGroupNccl final : public ProcessGroup {
   }
 
  private:
-  // Waits, with a deadline, until a non-blocking communicator is no longer "in progress".
-  ncclResult_t settle(const char* what, Milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Waits, with a deadline, until a non-blocking communicator is no longer "in progress": its
+  // state, ncclInProgress past the deadline, or ncclInvalidUsage once the communicator was
+  // aborted. comm_mu_ is taken for each poll only (Note [settling without the lock]); the
+  // caller must not hold it.
+  ncclResult_t settle(Milliseconds timeout) {
     ncclResult_t state = ncclInProgress;
-    while (state == ncclInProgress) {
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclInternalError;
-      if (state != ncclInProgress) break;
-      if (std::chrono::steady_clock::now() > deadline) return ncclInProgress;
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    const SettleResult r = settle_unlocked(
+        comm_mu_, [&] { return aborted_ || comm_ == nullptr; },
+        [&] {
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+          return state == ncclInProgress;
+        },
+        timeout);
+    if (r == SettleResult::kAborted) return ncclInvalidUsage;
+    if (r == SettleResult::kTimedOut) return ncclInProgress;
     return state;
   }
 
@@ -210,13 +254,20 @@ class ProcessGroupNccl final : public ProcessGroup {
     Event start(true), end(true);
     if (trace) start.record(comm_stream_);
     ncclResult_t r = ncclSuccess;
+    // One launch at a time (a non-blocking communicator takes its next call only once the last
+    // has settled), but the communicator's own lock only while NCCL is called: the monitor must
+    // be able to abort while a call settles (Note [settling without the lock]).
+    std::lock_guard<std::mutex> one_at_a_time(launch_mu_);
     {
       std::lock_guard<std::mutex> lock(comm_mu_);
       r = aborted_ ? ncclInvalidUsage : enqueue(static_cast<cudaStream_t>(comm_stream_.handle()));
-      if (r == ncclInProgress) r = settle(c.op, options_.timeout);
+    }
+    if (r == ncclInProgress) r = settle(options_.timeout);
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (r == ncclSuccess && aborted_) r = ncclInvalidUsage;
       if (r == ncclSuccess) {
-        // Finished collectives leave the list here too (the monitor does it when it runs; a
-        // group of one has no monitor).
+        // Finished collectives leave the list here too, not only when the monitor runs.
         while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
         done->record(comm_stream_);
         if (trace) {
@@ -242,7 +293,8 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   Device device_;
   Stream comm_stream_;
-  std::mutex comm_mu_;  // the communicator and in_flight_ (the monitor and the caller use them)
+  std::mutex launch_mu_;  // one launch at a time (held while a call settles)
+  std::mutex comm_mu_;    // the communicator and in_flight_ (the monitor and the caller use them)
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   std::deque<InFlight> in_flight_;
@@ -252,8 +304,8 @@ class ProcessGroupNccl final : public ProcessGroup {
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
-                                              ProcessGroupOptions options) {
-  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+                                              ProcessGroupOptions options, std::vector<int> global_ranks) {
+  return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, std::move(global_ranks));
 }
 
 #endif

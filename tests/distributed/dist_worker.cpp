@@ -34,6 +34,10 @@
 //   fsdp [--no-shard] [--optim ...] [--steps S] [--batch B]   FullyShardedDataParallel
 //                          (SHARD_GRAD_OP, or NO_SHARD) vs DDP ("fsdp_vs_ddp X"), one process
 //                          ("fsdp_vs_ref X"), a no-grad forward vs DDP's; "fsdp-memory ..." lines
+// Subgroups (4 ranks, test_subgroups.cpp): rows {0,1} {2,3} and columns {0,2} {1,3} of a 2x2 grid.
+//   subgroups              different collectives on rows, columns and the world at the same time
+//   subgroup-fingerprint   in row {2,3}, global rank 3 allreduces another size
+//   subgroup-kill          global rank 3 SIGKILLs itself in the middle of row collectives
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -90,7 +94,7 @@ void run_collectives(ProcessGroup& pg) {
       for (double v : t.to(kFloat64).to_vector<double>()) require(v == sum, "allreduce sum");
     }
     Tensor a = full({n}, r + 1, kFloat32, g_device);
-    pg.allreduce(a, parallel::distributed::ReduceOp::Avg)->wait();
+    pg.allreduce(a, ReduceOp::Avg)->wait();
     for (float v : a.to_vector<float>()) require(std::abs(v - sum / w) < 1e-6, "allreduce avg");
 
     Tensor b = full({n}, r == w - 1 ? 42.0 : -1.0, kFloat64, g_device);
@@ -714,6 +718,82 @@ void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
     std::printf("fsdp_vs_ref %.3g\n", vs_ref);
     require(vs_ref <= 1e-6, "FSDP parameters equal one process's to 1e-6");
+// ---- subgroups (4 ranks) -------------------------------------------------------------------
+
+struct Grid {
+  std::shared_ptr<ProcessGroup> row, col;  // {0,1} or {2,3}; {0,2} or {1,3}
+};
+
+// Every rank makes all four groups, in the same order; each gets one row and one column.
+Grid make_grid(ProcessGroup& world) {
+  require(world.size() == 4, "the subgroup modes run on 4 ranks");
+  Grid g;
+  for (const std::vector<int>& ranks : {std::vector<int>{0, 1}, {2, 3}}) {
+    if (auto sub = world.new_group(ranks)) g.row = sub;
+  }
+  for (const std::vector<int>& ranks : {std::vector<int>{2, 0}, {3, 1}}) {  // any order: sorted
+    if (auto sub = world.new_group(ranks)) g.col = sub;
+  }
+  require(g.row && g.col && g.row->size() == 2 && g.col->size() == 2, "one row and one column per rank");
+  return g;
+}
+
+// The sum over a group of (global rank + 1).
+double group_sum(const ProcessGroup& g) {
+  double s = 0;
+  for (int r : g.global_ranks()) s += r + 1;
+  return s;
+}
+
+void run_subgroups(ProcessGroup& world) {
+  Grid g = make_grid(world);
+  const int me = world.rank();
+  for (int iter = 0; iter < 5; ++iter) {
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(65539)}) {
+      // Issued together, waited together: the row's, the column's and the world's collectives
+      // are in flight at the same time, on three engines.
+      Tensor a = full({n}, me + 1, kFloat32);                        // row allreduce (sum)
+      Tensor in = full({n}, me + 1, kFloat64), out = zeros({2 * n}, kFloat64);  // column allgather
+      Tensor b = full({n}, g.row->rank() == 1 ? 100.0 + me : -1.0, kInt64);  // row broadcast from 1
+      Tensor c = full({n}, me + 1, kFloat32);                        // column average
+      Tensor w = full({n}, me + 1, kFloat32);                        // world max
+      std::vector<WorkPtr> works = {g.row->allreduce(a), g.col->allgather(out, in), g.row->broadcast(b, 1),
+                                    g.col->allreduce(c, ReduceOp::Avg), world.allreduce(w, ReduceOp::Max)};
+      for (auto& work : works) work->wait();
+      for (float v : a.to_vector<float>()) require(v == float(group_sum(*g.row)), "row sum");
+      const auto got = out.to_vector<double>();
+      for (int64_t i = 0; i < 2 * n; ++i)
+        require(got[size_t(i)] == g.col->global_rank(int(i / n)) + 1, "column allgather in column rank order");
+      for (int64_t v : b.to_vector<int64_t>()) require(v == 100 + g.row->global_rank(1), "row broadcast");
+      for (float v : c.to_vector<float>()) require(v == float(group_sum(*g.col) / 2), "column avg");
+      for (float v : w.to_vector<float>()) require(v == 4.0f, "world max");
+    }
+  }
+  g.row->barrier();
+  g.col->barrier();
+  world.barrier();
+  std::printf("subgroups ok (row %d, column %d)\n", g.row->global_rank(0), g.col->global_rank(0));
+}
+
+void run_subgroup_fingerprint(ProcessGroup& world) {
+  Grid g = make_grid(world);
+  Tensor t = ones({world.rank() == 3 ? 20 : 10});
+  g.row->allreduce(t)->wait();
+  std::printf("row of %d ok\n", g.row->global_rank(0));
+  if (g.row->global_rank(0) == 0) return;  // the healthy row
+  std::printf("fingerprint mismatch not detected\n");
+}
+
+void run_subgroup_kill(ProcessGroup& world) {
+  Grid g = make_grid(world);
+  for (int k = 0; k < 100000; ++k) {
+    if (world.rank() == 3 && k == 5) std::raise(SIGKILL);
+    Tensor t = ones({1000});
+    g.row->allreduce(t)->wait();
+    if (g.row->global_rank(0) == 0 && k == 20) {
+      std::printf("row of 0 ok\n");
+      return;
+    }
   }
 }
 
@@ -747,6 +827,9 @@ int main(int argc, char** argv) {
     else if (mode == "zero-memory") run_zero_memory(ctx.group, f);
     else if (mode == "zero-kill") run_zero_kill(ctx.group, f);
     else if (mode == "fsdp") run_fsdp(ctx.group, f);
+    else if (mode == "subgroups") run_subgroups(*ctx.group);
+    else if (mode == "subgroup-fingerprint") run_subgroup_fingerprint(*ctx.group);
+    else if (mode == "subgroup-kill") run_subgroup_kill(*ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {

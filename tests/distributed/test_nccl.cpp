@@ -54,7 +54,7 @@ TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda
     Tensor before = t.clone();
     pg.allreduce(t)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
-    pg.allreduce(t, parallel::distributed::ReduceOp::Avg)->wait();
+    pg.allreduce(t, ReduceOp::Avg)->wait();
     CHECK(test::rel_error(t, before) == 0.0);
     Tensor out = zeros({n}, kFloat32, Device::cuda(0));
     pg.allgather(out, t)->wait();
@@ -68,6 +68,28 @@ TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda
   pg.barrier();
   // CPU tensors belong to gloo.
   CHECK(test::contains(test::error_message<DeviceError>([&] { pg.allreduce(zeros({4}))->wait(); }), "cuda:0"));
+}
+
+TEST_CASE("NCCL process group: the monitor thread runs under the group's GPU, and subgroups work", "[cuda][dist]") {
+  TANDEM_REQUIRE_CUDA();
+#ifndef TANDEM_WITH_NCCL
+  WARN("tandem built without NCCL: skipped");
+  return;
+#endif
+  // The last GPU, so that on a machine with several a monitor left on GPU 0 would show.
+  const Device gpu = Device::cuda(cuda_device_count() - 1);
+  DeviceGuard guard(gpu);
+  OneRank job("nccl");
+  CHECK(job.group->monitor_device() == gpu);
+  auto sub = job.group->new_group({0});
+  REQUIRE(sub != nullptr);
+  CHECK(sub->device() == gpu);
+  CHECK(sub->monitor_device() == gpu);
+  CHECK(sub->group_name() == job.group->group_name() + "/sub0");
+  Tensor t = full({1000}, 3.0f, kFloat32, gpu);
+  sub->allreduce(t, ReduceOp::Max)->wait();
+  job.group->allreduce(t)->synchronize();
+  for (float v : t.to_vector<float>()) CHECK(v == 3.0f);
 }
 
 TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU parameters", "[cuda][dist][ddp]") {

@@ -1,0 +1,348 @@
+// The process group's own mechanisms, with ranks as threads of this process (each with its own
+// store client, as a process would have): group names and store prefixes, subgroups, leaving a
+// group, aborting Gloo, the monitor thread's device, how in-flight errors are reported, and the
+// lock-free settle of a non-blocking communicator. The same over real processes is in
+// test_subgroups.cpp and test_ddp.cpp.
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.h"
+#include "helpers.h"
+#include "parallel/distributed/process_group.h"
+#include "parallel/distributed/process_group_backends.h"
+
+using namespace tandem;
+using namespace tandem::parallel::distributed;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Catch2's assertions are not thread-safe: the rank threads assert through RANK_CHECK, one at a
+// time, and never while waiting for a collective (so no rank holds up another's progress).
+std::mutex g_catch_mu;
+#define RANK_CHECK(...)                                      \
+  do {                                                       \
+    const bool rank_check_ok_ = static_cast<bool>(__VA_ARGS__); \
+    std::lock_guard<std::mutex> rank_check_lock_(g_catch_mu); \
+    CHECK(rank_check_ok_);                                   \
+    if (!rank_check_ok_) WARN(#__VA_ARGS__);                 \
+  } while (0)
+
+// The message of the E that f throws; "no exception" or "another exception: ..." otherwise.
+template <typename E, typename F>
+std::string caught(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("another exception: ") + e.what();
+  }
+  return "no exception";
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// n ranks as threads: fn(rank, store) on each, every rank with its own client of one TCP store
+// (rank 0's hosts it). Returns each rank's error message ("" when it returned normally).
+std::vector<std::string> run_ranks(int n, const std::function<void(int, std::shared_ptr<TCPStore>)>& fn) {
+  TCPStoreOptions o;
+  o.is_master = true;
+  o.rank = 0;
+  o.timeout = std::chrono::seconds(10);
+  o.job_id = "pg-test";
+  auto master = std::make_shared<TCPStore>("127.0.0.1", 0, o);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::shared_ptr<TCPStore> store = master;
+        if (r > 0) {
+          TCPStoreOptions c = o;
+          c.is_master = false;
+          c.rank = r;
+          store = std::make_shared<TCPStore>("127.0.0.1", master->port(), c);
+        }
+        fn(r, store);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("error: ") + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+ProcessGroupOptions quick(int timeout_s = 10) {
+  ProcessGroupOptions o;
+  o.timeout = std::chrono::seconds(timeout_s);
+  o.monitor_interval = std::chrono::milliseconds(50);
+  return o;
+}
+
+// Waits (a few seconds at most) until the group has failed; returns its error, "" if it did not.
+std::string wait_for_failure(const ProcessGroup& pg, double seconds = 5) {
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < seconds) {
+    try {
+      pg.check_healthy();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return "";
+}
+
+// A one-rank group with no engine, to test what the base class does on its own.
+class BareGroup : public ProcessGroup {
+ public:
+  BareGroup(std::shared_ptr<Store> store, Device device, std::function<void()> poll = {})
+      : ProcessGroup(std::move(store), 0, 1, quick()), device_(device), poll_(std::move(poll)) {
+    start_monitor();
+  }
+  ~BareGroup() override { leave(); }
+  std::string backend() const override { return "bare"; }
+  Device device() const override { return device_; }
+
+ protected:
+  WorkPtr do_allreduce(const Call&) override { return nullptr; }
+  WorkPtr do_broadcast(const Call&) override { return nullptr; }
+  WorkPtr do_allgather(const Call&) override { return nullptr; }
+  WorkPtr do_reduce_scatter(const Call&) override { return nullptr; }
+  WorkPtr do_send(const Call&) override { return nullptr; }
+  WorkPtr do_recv(const Call&) override { return nullptr; }
+  void check_tensor(const char*, const Tensor&) const override {}
+  std::shared_ptr<ProcessGroup> make_subgroup(std::shared_ptr<Store>, int, int, ProcessGroupOptions,
+                                              std::vector<int>) override {
+    return nullptr;
+  }
+  void poll_in_flight() override {
+    if (poll_) poll_();
+  }
+
+ private:
+  Device device_;
+  std::function<void()> poll_;
+};
+
+std::shared_ptr<TCPStore> lone_store() {
+  TCPStoreOptions o;
+  o.is_master = true;
+  o.rank = 0;
+  o.timeout = std::chrono::seconds(10);
+  o.job_id = "pg-test";
+  return std::make_shared<TCPStore>("127.0.0.1", 0, o);
+}
+
+}  // namespace
+
+#ifdef TANDEM_WITH_GLOO
+
+TEST_CASE("Process groups on one store have their own keys: a failure in one leaves the other alone",
+          "[dist][gloo]") {
+  auto errors = run_ranks(2, [](int r, std::shared_ptr<TCPStore> store) {
+    auto a = new_process_group("gloo", store, r, 2, quick());
+    auto b = new_process_group("gloo", store, r, 2, quick());
+    RANK_CHECK(a->group_name() != b->group_name());
+    // Different sizes on the two ranks of b: b's fingerprints catch it, a's must not see it.
+    Tensor x = ones({r == 0 ? 10 : 20});
+    RANK_CHECK(test::contains(caught<DistError>([&] { b->allreduce(x)->wait(); }), "differs between ranks"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // several monitor intervals
+    Tensor y = full({7}, r + 1);
+    a->allreduce(y)->wait();
+    for (float v : y.to_vector<float>()) RANK_CHECK(v == 3.0f);
+    a->check_healthy();
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("new_group: members get a subgroup of sorted ranks with its own collectives, others nullptr",
+          "[dist][gloo]") {
+  auto errors = run_ranks(3, [](int r, std::shared_ptr<TCPStore> store) {
+    ProcessGroupOptions o = quick();
+    o.group_name = "world";
+    auto world = new_process_group("gloo", store, r, 3, o);
+    // Any order; the subgroup's ranks are sorted.
+    auto sub = new_group(world, {2, 0});
+    if (r == 1) {
+      RANK_CHECK(sub == nullptr);
+    } else {
+      RANK_CHECK(sub != nullptr);
+      if (!sub) return;
+      RANK_CHECK(sub->size() == 2);
+      RANK_CHECK(sub->rank() == (r == 0 ? 0 : 1));
+      RANK_CHECK(sub->global_ranks() == std::vector<int>{0, 2});
+      RANK_CHECK(sub->global_rank(1) == 2);
+      RANK_CHECK(sub->group_rank(2) == 1);
+      RANK_CHECK(sub->group_name() == "world/sub0");
+      RANK_CHECK(test::contains(caught<ValueError>([&] { sub->group_rank(1); }), "global rank 1"));
+      Tensor t = full({5}, r + 1);
+      sub->allreduce(t)->wait();
+      for (float v : t.to_vector<float>()) RANK_CHECK(v == 4.0f);  // global ranks 0 and 2: 1 + 3
+      Tensor m = full({3}, 10 * r);
+      sub->allreduce(m, ReduceOp::Max)->wait();
+      for (float v : m.to_vector<float>()) RANK_CHECK(v == 20.0f);
+      // A subgroup of a subgroup: ranks of the subgroup, named under it.
+      auto inner = sub->new_group({1});
+      if (r == 2) {
+        RANK_CHECK(inner != nullptr);
+        if (!inner) return;
+        RANK_CHECK(inner->global_ranks() == std::vector<int>{2});
+        RANK_CHECK(inner->group_name() == "world/sub0/sub0");
+      } else {
+        RANK_CHECK(inner == nullptr);
+      }
+    }
+    // Bad lists: a clear error naming the rank, on every rank.
+    RANK_CHECK(test::contains(caught<ValueError>([&] { world->new_group({0, 3}); }), "rank 3 is not in [0, 3)"));
+    RANK_CHECK(test::contains(caught<ValueError>([&] { world->new_group({1, 0, 1}); }),
+                         "rank 1 appears more than once"));
+    RANK_CHECK(test::contains(caught<ValueError>([&] { world->new_group({}); }), "empty"));
+    // The failed calls were counted alike on every rank: the next subgroup is sub4 everywhere.
+    auto all = world->new_group({0, 1, 2});
+    RANK_CHECK(all != nullptr);
+    if (!all) return;
+    RANK_CHECK(all->group_name() == "world/sub4");
+    Tensor t = full({2}, r + 1);
+    all->allreduce(t)->wait();
+    world->allreduce(t)->wait();
+    for (float v : t.to_vector<float>()) RANK_CHECK(v == 18.0f);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("A Gloo collective stuck on a dead peer is ended by the abort, and the group joins its thread",
+          "[dist][gloo]") {
+  std::atomic<bool> done{false};
+  auto errors = run_ranks(2, [&](int r, std::shared_ptr<TCPStore> store) {
+    auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
+    if (r == 1) {  // alive, but never joins the collective; "dies" below
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    Tensor t = ones({1000});
+    WorkPtr w = pg->allreduce(t);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // What the store's server writes when a rank's connection drops without a goodbye.
+    store->set(store_disconnected_key(1), "1");
+    const auto t0 = Clock::now();
+    RANK_CHECK(test::contains(caught<DistError>([&] { w->wait(); }), "rank 1 died"));
+    // The collective itself ended (Gloo was aborted), not only the wait for it: long before
+    // Gloo's own timeout of 30 s.
+    while (!w->is_completed() && seconds_since(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    RANK_CHECK(w->is_completed());
+    RANK_CHECK(seconds_since(t0) < 3);
+    const auto t1 = Clock::now();
+    pg.reset();  // joins the collective thread (ASan: nothing runs on the group after this)
+    RANK_CHECK(seconds_since(t1) < 2);
+    done = true;
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("A rank that catches a collective's error and destroys its group does not say a clean goodbye",
+          "[dist][gloo]") {
+  auto errors = run_ranks(2, [](int r, std::shared_ptr<TCPStore> store) {
+    auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
+    if (r == 1) {
+      // A bad call (the output has the wrong size), caught; then the program "returns 1".
+      Tensor in = ones({4}), out = zeros({5});
+      RANK_CHECK(test::contains(caught<ShapeError>([&] { pg->allgather(out, in); }), "output must have"));
+      pg.reset();
+      return;
+    }
+    Tensor t = ones({4});
+    const auto t0 = Clock::now();
+    const std::string msg = caught<DistError>([&] { pg->allreduce(t)->wait(); });
+    RANK_CHECK(test::contains(msg, "rank 1 of 2 left the group after a failed collective"));
+    RANK_CHECK(test::contains(msg, "allgather"));
+    RANK_CHECK(seconds_since(t0) < 5);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("A group destroyed with a collective in flight aborts instead of saying goodbye", "[dist][gloo]") {
+  auto errors = run_ranks(2, [](int r, std::shared_ptr<TCPStore> store) {
+    auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
+    if (r == 1) {
+      Tensor t = ones({4});
+      WorkPtr w = pg->allreduce(t);  // rank 0 has not joined: in flight
+      const auto t0 = Clock::now();
+      pg.reset();
+      RANK_CHECK(seconds_since(t0) < 2);  // aborted and joined, not Gloo's 30 s
+      RANK_CHECK(w->is_completed());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    Tensor t = ones({4});
+    const std::string msg = caught<DistError>([&] { pg->allreduce(t)->wait(); });
+    RANK_CHECK(test::contains(msg, "rank 1 of 2 left the group with collectives in flight"));
+  });
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("The monitor of a Gloo group runs under the CPU", "[dist][gloo]") {
+  auto store = lone_store();
+  auto pg = new_process_group("gloo", store, 0, 1, quick());
+  RANK_CHECK(pg->monitor_device() == kCPU);
+}
+
+#endif  // TANDEM_WITH_GLOO
+
+TEST_CASE("The monitor thread sets its group's device before anything else", "[dist]") {
+  // A virtual CPU device stands for "this rank's GPU": a thread starts on the CPU (like a CUDA
+  // thread on GPU 0), so only a monitor that sets the group's device runs under cpu:1.
+  auto store = lone_store();
+  BareGroup pg(store, Device::cpu(1));
+  CHECK(pg.monitor_device() == Device::cpu(1));
+}
+
+TEST_CASE("A CUDA error while checking collectives in flight is reported as one, not as a lost store", "[dist]") {
+  auto store = lone_store();
+  BareGroup pg(store, kCPU, [] { throw CudaError("cudaEventQuery: an illegal memory access was encountered"); });
+  const std::string msg = wait_for_failure(pg);
+  CHECK(test::contains(msg, "checking the collectives in flight failed"));
+  CHECK(test::contains(msg, "illegal memory access"));
+  CHECK_FALSE(test::contains(msg, "lost the store"));
+}
+
+TEST_CASE("settle_unlocked polls under the lock only, so an abort is never held up", "[dist]") {
+  std::mutex mu;
+  bool aborted = false;
+  int polls = 0;
+  SettleResult result = SettleResult::kDone;
+  const auto t0 = Clock::now();
+  std::thread settling([&] {
+    result = settle_unlocked(
+        mu, [&] { return aborted; },
+        [&] {
+          ++polls;
+          return true;  // forever "in progress", like a communicator whose peer died
+        },
+        std::chrono::seconds(20));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t1 = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu);  // what abort_engine takes
+    aborted = true;
+  }
+  CHECK(seconds_since(t1) < 0.5);
+  settling.join();
+  CHECK(result == SettleResult::kAborted);
+  CHECK(seconds_since(t0) < 1);
+  CHECK(polls > 1);
+
+  int left = 3;
+  CHECK(settle_unlocked(mu, [] { return false; }, [&] { return --left > 0; }, std::chrono::seconds(5)) ==
+        SettleResult::kDone);
+  CHECK(settle_unlocked(mu, [] { return false; }, [] { return true; }, std::chrono::milliseconds(20)) ==
+        SettleResult::kTimedOut);
+}
