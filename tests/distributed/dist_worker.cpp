@@ -718,6 +718,9 @@ void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     const double vs_ref = zero_rel_err(net->parameters(), ref->parameters());
     std::printf("fsdp_vs_ref %.3g\n", vs_ref);
     require(vs_ref <= 1e-6, "FSDP parameters equal one process's to 1e-6");
+  }
+}
+
 // ---- subgroups (4 ranks) -------------------------------------------------------------------
 
 struct Grid {
