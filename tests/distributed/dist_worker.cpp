@@ -525,10 +525,13 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   for (const auto& [x, y] : batches) {
     auto [s, e] = shard(B, r, w);
     zero->zero_grad();
-    shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    // Beside DDP its forward arms the reducer (Note [the forward arms the reducer]).
+    (zddp ? shard_loss(*zddp, x.slice(0, s, e), y.slice(0, s, e), B, w)
+          : shard_loss(*net, x.slice(0, s, e), y.slice(0, s, e), B, w))
+        .backward();
     zero->step();
     ddp_opt->zero_grad();
-    shard_loss(ddp.module(), x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    shard_loss(ddp, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
     ddp_opt->step();
   }
   const double vs_ddp = zero_rel_err(net->parameters(), ddp.parameters());
@@ -582,8 +585,11 @@ void run_zero(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   auto [s, e] = shard(B, r, w);
   for (auto* z : {zero.get(), zero2.get()}) {
     nn::Module& m = z == zero.get() ? *net : *net2;
+    DistributedDataParallel* d = z == zero.get() ? zddp.get() : zddp2.get();
     z->zero_grad();
-    shard_loss(m, x.slice(0, s, e), y.slice(0, s, e), B, w).backward();
+    (d ? shard_loss(*d, x.slice(0, s, e), y.slice(0, s, e), B, w)
+       : shard_loss(m, x.slice(0, s, e), y.slice(0, s, e), B, w))
+        .backward();
     z->step();
   }
   const double resumed = zero_rel_err(net2->parameters(), net->parameters());
@@ -687,7 +693,7 @@ void run_fsdp(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     print_fsdp_memory("after-backward", fsdp);
     opt->step();
     ddp_opt->zero_grad();
-    shard_loss(ddp.module(), xs, ys, B, w).backward();
+    shard_loss(ddp, xs, ys, B, w).backward();
     ddp_opt->step();
   }
   print_fsdp_memory("rest", fsdp);

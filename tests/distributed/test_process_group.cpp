@@ -221,7 +221,19 @@ TEST_CASE("new_group: members get a subgroup of sorted ranks with its own collec
 TEST_CASE("A Gloo collective stuck on a dead peer is ended by the abort, and the group joins its thread",
           "[dist][gloo]") {
   std::atomic<bool> done{false};
-  auto errors = run_ranks(2, [&](int r, std::shared_ptr<TCPStore> store) {
+  // Rank 0's view of the store reports rank 1 gone once `marked` is set: what the server answers
+  // after rank 1's session ended without a goodbye (store.h), without ending rank 1's thread.
+  struct MarkingStore : PrefixStore {
+    std::atomic<bool>* marked;
+    MarkingStore(std::shared_ptr<Store> s, std::atomic<bool>* m) : PrefixStore("t", std::move(s)), marked(m) {}
+    std::vector<int> disconnected_ranks() override {
+      return *marked ? std::vector<int>{1} : PrefixStore::disconnected_ranks();
+    }
+  };
+  std::atomic<bool> marked{false};
+  auto errors = run_ranks(2, [&](int r, std::shared_ptr<TCPStore> tcp) {
+    std::shared_ptr<Store> store = std::make_shared<PrefixStore>("t", tcp);  // both ranks: keys under t/
+    if (r == 0) store = std::make_shared<MarkingStore>(tcp, &marked);
     auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
     if (r == 1) {  // alive, but never joins the collective; "dies" below
       while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -230,8 +242,7 @@ TEST_CASE("A Gloo collective stuck on a dead peer is ended by the abort, and the
     Tensor t = ones({1000});
     WorkPtr w = pg->allreduce(t);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    // What the store's server writes when a rank's connection drops without a goodbye.
-    store->set(store_disconnected_key(1), "1");
+    marked = true;  // rank 1 "dies"
     const auto t0 = Clock::now();
     RANK_CHECK(test::contains(caught<DistError>([&] { w->wait(); }), "rank 1 died"));
     // The collective itself ended (Gloo was aborted), not only the wait for it: long before
