@@ -42,9 +42,11 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
+  // Every forward (plain, relu, biased) ends here: SyncBatchNorm (nn/sync_batchnorm.h)
+  // overrides it, so Residual and Sequential, which call the fused forms, use it unchanged.
+  virtual Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias);
 
  private:
-  Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias);
 
   int64_t c_;
   double eps_, momentum_;

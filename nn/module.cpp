@@ -117,6 +117,14 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   children_.insert(name, std::move(m));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> m) {
+  TANDEM_CHECK(children_.contains(name), Value, this->name(), ": no child module '", name, "' to replace");
+  TANDEM_CHECK(m != nullptr, Value, this->name(), ": module '", name, "' is null");
+  TANDEM_CHECK(m.get() != this, Value, this->name(), ": a module cannot be its own child");
+  if (m->device_) adopt_device(*m->device_, "module '" + name + "'");
+  children_.at(name) = std::move(m);
+}
+
 // ---- access -------------------------------------------------------------------------------
 
 void Module::collect(const std::string& prefix, bool params, bool recurse, StateDict& out,

@@ -76,6 +76,13 @@ class Module {
     add_child(name, m);
     return m;
   }
+  // Puts m in the place of the child `name` (libtorch's replace_module): same name, same
+  // position in every listing. ValueError when there is no such child or m is null.
+  template <typename M>
+  std::shared_ptr<M> replace_module(const std::string& name, std::shared_ptr<M> m) {
+    replace_child(name, m);
+    return m;
+  }
 
   // ---- access -------------------------------------------------------------------------
   // Depth-first, registration order: this module's own entries, then each child's.
@@ -147,6 +154,7 @@ class Module {
  private:
   void check_new_name(const std::string& name, const char* what) const;
   void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void replace_child(const std::string& name, std::shared_ptr<Module> m);
   void adopt_device(Device d, const std::string& what);
   void collect(const std::string& prefix, bool params, bool recurse, StateDict& out,
                std::vector<const TensorImpl*>* seen) const;  // null: keep duplicates

@@ -14,6 +14,7 @@
 #include "data/fashion_mnist.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/process_group.h"
+#include "nn/sync_batchnorm.h"
 
 namespace tandem::examples {
 
@@ -101,6 +102,8 @@ void add_common_flags(Args& args) {
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
   args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
+  args.flag("sync-bn", "multi-process: batch norm with the statistics of the global batch (SyncBatchNorm: every "
+                      "BatchNorm2d converted)");
   args.flag("no-cuda-graph", "GPUs of one process: launch every kernel of a step from the host instead of "
             "replaying captured CUDA graphs (one per GPU)");
   args.option("precision", "fp32", "fp32 | bf16: bf16 runs convolutions and matrix products in bfloat16 under "
@@ -114,7 +117,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   if (cfg.distributed) {
     configure_distributed(args, cfg);
   } else {
-    for (const char* name : {"backend", "bucket-cap-mb", "no-overlap"})
+    for (const char* name : {"backend", "bucket-cap-mb", "no-overlap", "sync-bn"})
       if (args.given(name))
         throw ArgsError(std::string("--") + name + " is for a multi-process run (under a launcher, or with --distributed)");
     if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
@@ -203,6 +206,13 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     }
 
     parallel::distributed::DistributedContext ctx = start_process_group(cfg);
+    if (args.on("sync-bn")) {
+      // The group exists only now: the model factory converts what the program's builds.
+      cfg.make_model = [make = cfg.make_model, group = cfg.group] {
+        return nn::convert_sync_batchnorm(make(), group);
+      };
+      description += ", SyncBatchNorm";
+    }
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
     const bool speak = reports(cfg);
     if (speak) {

@@ -24,7 +24,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec);
 
 // The flags every training program shares (data, devices, parallel path, optimizer, limits,
 // CSV, trace, checkpoints: --checkpoint, --checkpoint-every, --keep, --resume [FILE], and the
-// multi-process ones: --distributed, --backend, --bucket-cap-mb, --no-overlap) and their
+// multi-process ones: --distributed, --backend, --bucket-cap-mb, --no-overlap, --sync-bn) and their
 // validation into a TrainConfig; ArgsError for a bad value (a --checkpoint folder that cannot
 // take files is one, before any training). Under a
 // launcher (parallel/distributed/env.h: launched_by_launcher) or with --distributed the run is one

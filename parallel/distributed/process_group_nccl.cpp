@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/cuda_graph.h"
 #include "core/error.h"
 #include "core/stream.h"
 #include "parallel/trace.h"
@@ -245,12 +246,13 @@ class ProcessGroupNccl final : public ProcessGroup {
   template <typename Enqueue>
   WorkPtr launch(const Call& c, Enqueue enqueue) {
     DeviceGuard guard(device_);
+    const bool capturing = is_current_stream_capturing(device_);
     // Ordered after what the caller queued (the gradients the bucket holds, say).
     Event ready;
     ready.record(current_stream(device_));
     ready.wait(comm_stream_);
     auto done = std::make_shared<Event>();
-    Trace* trace = trace_.load();
+    Trace* trace = capturing ? nullptr : trace_.load();  // a captured span would time the capture
     Event start(true), end(true);
     if (trace) start.record(comm_stream_);
     ncclResult_t r = ncclSuccess;
@@ -274,7 +276,10 @@ class ProcessGroupNccl final : public ProcessGroup {
           end.record(comm_stream_);
           trace->add(device_, std::string(c.op) + " #" + std::to_string(c.seq), "comm", std::move(start), std::move(end));
         }
-        in_flight_.push_back({c, done, std::chrono::steady_clock::now() + options_.timeout});
+        // A collective captured into a CUDA graph runs at each replay, not now: its event is a
+        // node of the graph, not one to watch (and the call's tensors must not outlive the
+        // capture), so it stays off the list, as PyTorch keeps captured work from its watchdog.
+        if (!capturing) in_flight_.push_back({c, done, std::chrono::steady_clock::now() + options_.timeout});
       }
     }
     if (r != ncclSuccess) {

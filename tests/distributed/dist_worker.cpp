@@ -38,6 +38,9 @@
 //   subgroups              different collectives on rows, columns and the world at the same time
 //   subgroup-fingerprint   in row {2,3}, global rank 3 allreduces another size
 //   subgroup-kill          global rank 3 SIGKILLs itself in the middle of row collectives
+//   syncbn --sizes a,b,..  SyncBatchNorm on shards of these sizes (0 allowed) equals one
+//                          process's batch norm on the whole batch ("syncbn ok ...")
+//   syncbn-kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself before a forward
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -57,6 +60,7 @@
 #include "parallel/distributed/ring_p2p.h"
 #include "parallel/sharded/fsdp.h"
 #include "parallel/sharded/zero_optimizer.h"
+#include "nn/sync_batchnorm.h"
 
 using namespace tandem;
 using namespace tandem::parallel::distributed;
@@ -806,6 +810,132 @@ void run_subgroup_kill(ProcessGroup& world) {
   }
 }
 
+
+// ---- SyncBatchNorm ---------------------------------------------------------------------------
+
+// The largest |a - b| over two tensors of one shape (0 for empty ones), read as float64.
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  require(a.shape() == b.shape(), "shapes " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
+  auto va = a.to(kCPU).to(kFloat64).contiguous().to_vector<double>();
+  auto vb = b.to(kCPU).to(kFloat64).contiguous().to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(va[i] - vb[i]));
+  return worst;
+}
+
+// This rank's local gradient summed over the group: what DDP's allreduce hands the optimizer
+// (times the group size, which averages).
+Tensor summed(const std::shared_ptr<ProcessGroup>& group, const Tensor& t) {
+  Tensor s = t.clone();
+  group->allreduce(s)->wait();
+  return s;
+}
+
+// syncbn --sizes a,b,...: rank r holds rows [a + ... , + sizes[r]) of one global batch (sizes may
+// be 0). Checks, for several training steps and then eval, that SyncBatchNorm gives what one
+// process's BatchNorm2d gives on the global batch: the op in float64 against tandem's
+// batch_norm (within 1e-9), the module in float32 against a BatchNorm2d (within 1e-4), and
+// exactly one collective per training forward, one per backward, none in eval.
+void run_syncbn(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int r = group->rank(), w = group->size();
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) {
+    if (f.args[i] != "--sizes") continue;
+    std::string list = f.args[i + 1];
+    for (size_t at = 0; at <= list.size();) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      sizes.push_back(std::stol(list.substr(at, comma - at)));
+      at = comma + 1;
+    }
+  }
+  require(int(sizes.size()) == w, "--sizes lists one shard size per rank");
+  int64_t B = 0, start = 0;
+  for (int k = 0; k < w; ++k) {
+    if (k < r) start += sizes[size_t(k)];
+    B += sizes[size_t(k)];
+  }
+  const int64_t n = sizes[size_t(r)], C = 3;
+  const Shape shape{B, C, 3, 2};
+  Generator gen(11);  // the same global tensors on every rank
+  const Tensor X = randn(shape, kFloat64, g_device, &gen), R = randn(shape, kFloat64, g_device, &gen);
+  const Tensor gamma0 = randn({C}, kFloat64, g_device, &gen), beta0 = randn({C}, kFloat64, g_device, &gen);
+  const int steps = int(f.num("--steps", 3));
+  double err64 = 0, err32 = 0;
+  auto track64 = [&](const Tensor& a, const Tensor& b) { err64 = std::max(err64, max_abs_diff(a, b)); };
+  auto track32 = [&](const Tensor& a, const Tensor& b) { err32 = std::max(err32, max_abs_diff(a, b)); };
+
+  // float64: the op against tandem's batch_norm on the whole batch.
+  Tensor rm = zeros({C}, kFloat64, g_device), rv = ones({C}, kFloat64, g_device);
+  Tensor rm_ref = rm.clone(), rv_ref = rv.clone();
+  for (int step = 0; step < steps; ++step) {
+    const Tensor Xs = add(mul(X, double(step + 1)), double(step)).detach();  // another batch each step
+    Tensor x = Xs.slice(0, start, start + n).clone(), g = gamma0.clone(), b = beta0.clone();
+    x.set_requires_grad(true), g.set_requires_grad(true), b.set_requires_grad(true);
+    Tensor xr = Xs.clone(), gr = gamma0.clone(), br = beta0.clone();
+    xr.set_requires_grad(true), gr.set_requires_grad(true), br.set_requires_grad(true);
+    const uint64_t seq0 = group->sequence_number();
+    Tensor y = nn::sync_batch_norm(x, g, b, rm, rv, 0.1, 1e-5, group);
+    require(group->sequence_number() == seq0 + 1, "one collective in the forward");
+    sum(mul(y, R.slice(0, start, start + n))).backward();
+    require(group->sequence_number() == seq0 + 2, "one collective in the backward");
+    Tensor yr = batch_norm(xr, gr, br, rm_ref, rv_ref, true, 0.1, 1e-5);
+    sum(mul(yr, R)).backward();
+    track64(y, yr.slice(0, start, start + n));
+    track64(x.grad(), xr.grad().slice(0, start, start + n));
+    track64(summed(group, g.grad()), gr.grad());
+    track64(summed(group, b.grad()), br.grad());
+    track64(rm, rm_ref);
+    track64(rv, rv_ref);
+  }
+
+  // float32: the module against BatchNorm2d, then eval with the running statistics.
+  nn::SyncBatchNorm sbn(C, 1e-5, 0.1, group);
+  nn::BatchNorm2d ref(C);
+  sbn.to(g_device), ref.to(g_device);
+  for (nn::BatchNorm2d* m : {static_cast<nn::BatchNorm2d*>(&sbn), &ref}) {
+    m->weight().detach().copy_(gamma0.to(kFloat32)), m->bias().detach().copy_(beta0.to(kFloat32));
+  }
+  const Tensor X32 = X.to(kFloat32), R32 = R.to(kFloat32);
+  for (int step = 0; step < steps; ++step) {
+    Tensor x = X32.slice(0, start, start + n).clone(), xr = X32.clone();
+    x.set_requires_grad(true), xr.set_requires_grad(true);
+    sbn.zero_grad(), ref.zero_grad();
+    Tensor y = sbn(x);
+    sum(mul(y, R32.slice(0, start, start + n))).backward();
+    Tensor yr = ref(xr);
+    sum(mul(yr, R32)).backward();
+    track32(y, yr.slice(0, start, start + n));
+    track32(x.grad(), xr.grad().slice(0, start, start + n));
+    track32(summed(group, sbn.weight().grad()), ref.weight().grad());
+    track32(summed(group, sbn.bias().grad()), ref.bias().grad());
+    track32(sbn.running_mean(), ref.running_mean());
+    track32(sbn.running_var(), ref.running_var());
+    require(max_abs_diff(sbn.num_batches_tracked(), ref.num_batches_tracked()) == 0, "num_batches_tracked");
+  }
+  sbn.eval(), ref.eval();
+  const uint64_t seq0 = group->sequence_number();
+  const Tensor x = X32.slice(0, start, start + n).clone();
+  track32(sbn(x), ref(x));
+  require(group->sequence_number() == seq0, "no collective in eval mode");
+  require(err64 <= 1e-9, "float64 error " + std::to_string(err64) + " > 1e-9");
+  require(err32 <= 1e-4, "float32 error " + std::to_string(err32) + " > 1e-4");
+  std::printf("syncbn ok rank %d rows %lld f64_err %.3g f32_err %.3g\n", r, static_cast<long long>(n), err64, err32);
+}
+
+// syncbn-kill [--kill-rank R] [--kill-step S]: SyncBatchNorm training in which rank R SIGKILLs
+// itself at the start of step S, while the others wait in the forward's allgather.
+void run_syncbn_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  const int kill_rank = int(f.num("--kill-rank", 1)), kill_step = int(f.num("--kill-step", 2));
+  nn::SyncBatchNorm sbn(4, 1e-5, 0.1, group);
+  sbn.to(g_device);
+  Generator gen(3);
+  const Tensor x = randn({6, 4, 2, 2}, kFloat32, g_device, &gen);
+  for (int step = 0; step < 100000; ++step) {
+    if (group->rank() == kill_rank && step == kill_step) std::raise(SIGKILL);
+    sum(sbn(x)).backward();
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -839,6 +969,8 @@ int main(int argc, char** argv) {
     else if (mode == "subgroups") run_subgroups(*ctx.group);
     else if (mode == "subgroup-fingerprint") run_subgroup_fingerprint(*ctx.group);
     else if (mode == "subgroup-kill") run_subgroup_kill(*ctx.group);
+    else if (mode == "syncbn") run_syncbn(ctx.group, f);
+    else if (mode == "syncbn-kill") run_syncbn_kill(ctx.group, f);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {
