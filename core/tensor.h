@@ -15,6 +15,8 @@
 //   kernels/tensor_methods.cpp   copies, fills, host reads, the factories (they need a backend)
 //   autograd/tensor_autograd.cpp the autograd members (register_hook's tensor hooks and
 //                                retain_grad: autograd/engine.cpp, which runs them)
+//   autograd/tensor_methods.cpp  PyTorch's method spellings (sum, mean, max, min, argmax, ...)
+//   core/tensor_print.cpp        operator<< and repr
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
