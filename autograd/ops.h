@@ -39,6 +39,46 @@ Tensor operator*(const Tensor& a, double s);
 Tensor operator/(const Tensor& a, double s);
 Tensor operator*(double s, const Tensor& a);
 
+// ---- comparisons (autograd/ops_compare.cpp) ----------------------------------------------
+// PyTorch's eq, ne, lt, le, gt, ge and their operators: 1 where the comparison holds, else 0,
+// as a uint8 tensor (tandem has no bool dtype; to(kInt64) / to(kFloat32) convert it, sum()
+// counts it in int64). Tensor with tensor broadcasts; operands of different dtypes are
+// compared in the wider one (a floating dtype over an integer one, float64 over float32,
+// int64 over uint8); a scalar is compared in the tensor's dtype, or in float64 when the tensor
+// is an integer one and the scalar is not an integer. A NaN compares false, except under ne.
+// Built from the elementwise kernels eq, maximum and sub (ge(a, b) = eq(maximum(a, b), a)),
+// so every backend has them. They record no history.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double s);
+Tensor ne(const Tensor& a, double s);
+Tensor lt(const Tensor& a, double s);
+Tensor le(const Tensor& a, double s);
+Tensor gt(const Tensor& a, double s);
+Tensor ge(const Tensor& a, double s);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, double s);
+Tensor operator!=(const Tensor& a, double s);
+Tensor operator<(const Tensor& a, double s);
+Tensor operator<=(const Tensor& a, double s);
+Tensor operator>(const Tensor& a, double s);
+Tensor operator>=(const Tensor& a, double s);
+Tensor operator==(double s, const Tensor& a);
+Tensor operator!=(double s, const Tensor& a);
+Tensor operator<(double s, const Tensor& a);
+Tensor operator<=(double s, const Tensor& a);
+Tensor operator>(double s, const Tensor& a);
+Tensor operator>=(double s, const Tensor& a);
+
 // ---- reductions ------------------------------------------------------------------------
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
@@ -67,6 +107,11 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor log_softmax(const Tensor& x);  // over dim 1 of [N, C]
+// PyTorch's softmax(x, dim) / log_softmax(x, dim) for any dim of a tensor of 1 or more dims
+// (autograd/ops_compare.cpp): dim is moved last and the rows go through the log-softmax
+// kernel; softmax is exp(log_softmax). Differentiable.
+Tensor log_softmax(const Tensor& x, int64_t dim);
+Tensor softmax(const Tensor& x, int64_t dim);
 // Mean cross-entropy of logits [N, C] against int64 targets [N]; fused log-softmax.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 // Training-mode batch norm (updates running stats in place) or eval-mode (uses them).

@@ -8,6 +8,9 @@
 #   include/tandem/{core,nn,...}/*.h     the headers, in the tree's layout
 #   lib/cmake/tandem/                    tandemConfig.cmake, tandemConfigVersion.cmake, the
 #                                        exported target tandem::tandem, the find modules
+#   bin/tandem-run                       the launcher (tandem::tandem-run), with the examples
+#   bin/{lenet,resnet,...,first_program} the example programs: component examples, which
+#                                        --component tandem leaves out (examples/CMakeLists.txt)
 # A consumer adds <prefix> to CMAKE_PREFIX_PATH and calls find_package(tandem). Both
 # <prefix>/include and <prefix>/include/tandem are on tandem::tandem's include path, so
 # `#include <tandem/tandem.h>` and the tree's own `#include "nn/nn.h"` both work.

@@ -200,6 +200,11 @@ bool Tensor::is_non_overlapping_and_dense() const {
   return true;
 }
 
+void Tensor::check_one_element(const char* op) const {
+  TANDEM_CHECK(defined(), Value, op, ": undefined tensor");
+  TANDEM_CHECK(numel() == 1, Shape, op, ": expected a one-element tensor, got ", shape_str(shape()));
+}
+
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
   return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();

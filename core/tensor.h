@@ -15,11 +15,15 @@
 //   kernels/tensor_methods.cpp   copies, fills, host reads, the factories (they need a backend)
 //   autograd/tensor_autograd.cpp the autograd members (register_hook's tensor hooks and
 //                                retain_grad: autograd/engine.cpp, which runs them)
+//   autograd/tensor_methods.cpp  PyTorch's method spellings (sum, mean, max, min, argmax, ...)
+//   core/tensor_print.cpp        operator<< and repr
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <iosfwd>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -102,6 +106,7 @@ class Tensor {
   bool is_non_overlapping_and_dense() const;
   const std::shared_ptr<Storage>& storage() const;
   std::string str() const;  // "Tensor[2,3] float32 cuda:0"
+  const Shape& sizes() const { return shape(); }  // libtorch's spelling of shape()
 
   // ---- raw data access (no sync: the caller knows the data is ready; core/tensor.cpp) ----
   void* raw_data() const;  // pointer to element 0 of the view
@@ -141,8 +146,52 @@ class Tensor {
 
   // ---- explicit host reads: these synchronize (kernels/tensor_methods.cpp) ------------
   double item() const;  // one-element tensor
+  // libtorch's item<T>(): the one element converted to T (float, double, int64_t, uint8_t
+  // exactly as to_vector<T> converts; another integral T or bool through int64_t; another
+  // floating T through double). ShapeError unless the tensor has one element.
+  template <typename T>
+  T item() const {
+    check_one_element("item");
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, int64_t> || std::is_same_v<T, uint8_t>) {
+      return to_vector<T>()[0];
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return to_vector<int64_t>()[0] != 0;
+    } else if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(to_vector<int64_t>()[0]);
+    } else {
+      static_assert(std::is_floating_point_v<T>, "item<T>: T must be an arithmetic type");
+      return static_cast<T>(to_vector<double>()[0]);
+    }
+  }
   template <typename T>
   std::vector<T> to_vector() const;  // contiguous copy in row-major order, any device
+
+  // ---- PyTorch's method spellings (autograd/tensor_methods.cpp) ---------------------------
+  // The same operations as the free functions of autograd/ops.h (x.sum(1) is sum(x, {1})),
+  // differentiable where those are; the index results (argmax, argmin, the second element of
+  // max(dim) / min(dim)) are int64 and record nothing. Dims count from the end when negative.
+  // sum of an integer tensor (uint8 included) is int64, as in PyTorch; mean needs a floating
+  // tensor (DTypeError otherwise).
+  Tensor sum() const;
+  Tensor sum(int64_t dim, bool keepdim = false) const;
+  Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(int64_t dim, bool keepdim = false) const;
+  Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  // Without a dim: the maximum (minimum) of all elements, a 0-dim tensor. With one: the values
+  // and the int64 indices of the first maximum (minimum) of each slice, as libtorch's
+  // std::tuple; a NaN counts as the maximum and the minimum, as in PyTorch.
+  Tensor max() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  Tensor min() const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  // Index of the first maximum (minimum): without a dim, into the flattened tensor (0-dim
+  // int64); with one, along it. Any dtype (integers are compared in float64).
+  Tensor argmax() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor argmin() const;
+  Tensor argmin(int64_t dim, bool keepdim = false) const;
 
   // ---- autograd (autograd/tensor_autograd.cpp) ---------------------------------------
   bool requires_grad() const;
@@ -184,8 +233,19 @@ class Tensor {
   bool retains_grad() const;  // true after retain_grad() on a non-leaf
 
  private:
+  void check_one_element(const char* op) const;  // ShapeError naming op and the shape
   std::shared_ptr<TensorImpl> impl_;
 };
+
+// PyTorch's printout (core/tensor_print.cpp): "tensor([[1.5000, 2.0000],\n        [3.0000, 4.0000]])",
+// with PyTorch's rules: 4 decimals, "1." when every value is an integer, scientific notation
+// when the magnitudes span more than 1000x (or exceed 1e8, or fall below 1e-4); more than
+// 1000 elements are summarized to 3 edge items per dim around "..."; lines wrap at 80
+// columns; then device='cuda:0' (when not cpu), dtype=torch.float64 (when not float32 or
+// int64) and requires_grad=True. An undefined tensor prints "[ Tensor (undefined) ]".
+// Synchronizes (it reads the values).
+std::ostream& operator<<(std::ostream& out, const Tensor& t);
+std::string repr(const Tensor& t);
 
 // ---- factories (kernels/tensor_methods.cpp, except contiguous_span and split_views:
 //      core/tensor.cpp) --------------------------------------------------------------------
@@ -214,9 +274,63 @@ Tensor uniform(const Shape& shape, double lo, double hi, DType dtype = kFloat32,
                Generator* gen = nullptr);
 Tensor normal(const Shape& shape, double mean, double stddev, DType dtype = kFloat32,
               Device device = kCPU, Generator* gen = nullptr);
-// A tensor holding a copy of host values (row-major), placed on `device`.
+// A tensor holding a copy of host values (row-major), placed on `device`. T is float, double,
+// int64_t or uint8_t, and gives the dtype.
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = kCPU);
+namespace detail {
+// The element type a list of T is stored as: T itself for the four dtypes' types, int64_t
+// for another integral type (int, long long), which tensor() and from_vector() take too.
+template <typename T>
+using stored_t = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                        std::is_same_v<T, uint8_t> || !std::is_integral_v<T>,
+                                    T, int64_t>;
+template <typename T>
+std::vector<stored_t<T>> stored_values(std::initializer_list<T> values) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                "from_vector/tensor: the values must be numbers (float, double, integers)");
+  return std::vector<stored_t<T>>(values.begin(), values.end());
+}
+}  // namespace detail
+// from_vector({1.0f, 2.0f}, {2}): the type deduced from the list (float -> float32, double ->
+// float64, int -> int64, uint8_t -> uint8).
+template <typename T>
+Tensor from_vector(std::initializer_list<T> values, const Shape& shape, Device device = kCPU) {
+  return from_vector(detail::stored_values(values), shape, device);
+}
+// libtorch's torch::tensor({1.0f, 2.0f}): a 1-D tensor of the values, or a 2-D one of nested
+// lists (rows of one length; ShapeError naming the row otherwise). As in libtorch, floating
+// values give float32 (the default dtype: tensor({1.0, 2.0}) is float32 too) and integers
+// int64; pass a dtype to choose (tensor({1.0, 2.0}, kFloat64)).
+template <typename T>
+Tensor tensor(std::initializer_list<T> values, DType dtype, Device device = kCPU) {
+  return from_vector(detail::stored_values(values), {static_cast<int64_t>(values.size())}, device)
+      .to(dtype);
+}
+template <typename T>
+Tensor tensor(std::initializer_list<T> values, Device device = kCPU) {
+  return tensor(values, std::is_floating_point_v<T> ? kFloat32 : dtype_of<detail::stored_t<T>>::value,
+                device);
+}
+template <typename T>
+Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, DType dtype, Device device = kCPU) {
+  const int64_t cols = rows.size() == 0 ? 0 : static_cast<int64_t>(rows.begin()->size());
+  std::vector<detail::stored_t<T>> values;
+  int64_t r = 0;
+  for (const auto& row : rows) {
+    TANDEM_CHECK(static_cast<int64_t>(row.size()) == cols, Shape, "tensor: row ", r, " has ",
+                 row.size(), " values but row 0 has ", cols);
+    const auto v = detail::stored_values(row);
+    values.insert(values.end(), v.begin(), v.end());
+    ++r;
+  }
+  return from_vector(values, {static_cast<int64_t>(rows.size()), cols}, device).to(dtype);
+}
+template <typename T>
+Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, Device device = kCPU) {
+  return tensor(rows, std::is_floating_point_v<T> ? kFloat32 : dtype_of<detail::stored_t<T>>::value,
+                device);
+}
 // A 1-D view of [total] elements covering `tensors` when they are, in this order, dense
 // (is_non_overlapping_and_dense: contiguous, channels-last, ...) and back to back in one
 // storage (a coalesced parameter list, a FlatBuffer's views); an undefined tensor otherwise or

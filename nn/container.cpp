@@ -9,20 +9,20 @@
 
 namespace tandem::nn {
 
-Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+SequentialImpl::SequentialImpl(std::initializer_list<std::shared_ptr<Module>> modules) {
   for (const auto& m : modules) push_back(m);
 }
 
-Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) {
+SequentialImpl::SequentialImpl(const std::vector<std::shared_ptr<Module>>& modules) {
   for (const auto& m : modules) push_back(m);
 }
 
-Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
+SequentialImpl& SequentialImpl::push_back(std::shared_ptr<Module> m) {
   register_module(std::to_string(size()), std::move(m));
   return *this;
 }
 
-Tensor Sequential::forward_impl(const Tensor& x) {
+Tensor SequentialImpl::forward_impl(const Tensor& x) {
   Tensor y = x;
   const auto& children = named_children();
   const auto child = [&](size_t i) { return i < children.size() ? children.item(i).second.get() : nullptr; };

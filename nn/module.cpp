@@ -1,6 +1,7 @@
 #include "nn/module.h"
 
 #include <algorithm>
+#include <ostream>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -299,6 +300,13 @@ std::string Module::str() const {
   std::string out;
   str_into(out, 0);
   return out;
+}
+
+std::ostream& operator<<(std::ostream& out, const Module& m) { return out << m.str(); }
+
+void throw_empty_module_holder() {
+  TANDEM_THROW(Value, "empty module holder: it was made from nullptr and no module was assigned "
+                      "to it since");
 }
 
 }  // namespace tandem::nn

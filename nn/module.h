@@ -30,10 +30,15 @@
 // which saves a fill per parameter, and optimizers skip parameters without a gradient.
 // zero_grad(false) fills existing gradients with zeros instead, keeping their storage
 // (what a captured CUDA graph needs, since its addresses must not change).
+#include <concepts>
+#include <cstddef>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -43,6 +48,19 @@ namespace tandem::nn {
 
 // Name -> tensor, in order: parameters and buffers of a module tree.
 using StateDict = OrderedDict<Tensor>;
+
+class Module;
+template <typename Impl>
+class ModuleHolder;
+
+// A ModuleHolder<Impl> or a class derived from one (nn::Sequential, a TANDEM_MODULE).
+template <typename H>
+concept module_holder = requires { typename std::remove_cvref_t<H>::ContainedType; } &&
+                        std::is_base_of_v<ModuleHolder<typename std::remove_cvref_t<H>::ContainedType>,
+                                          std::remove_cvref_t<H>>;
+// A module object itself (nn::Linear(2, 3)), not a pointer or holder to one.
+template <typename M>
+concept module_value = std::is_base_of_v<Module, std::remove_cvref_t<M>>;
 
 class Module {
  public:
@@ -83,6 +101,23 @@ class Module {
     replace_child(name, m);
     return m;
   }
+  // libtorch's register_module("fc", nn::Sequential(...)): registers the held module and
+  // returns the holder (sharing it).
+  template <module_holder H>
+  std::remove_cvref_t<H> register_module(const std::string& name, H&& holder) {
+    add_child(name, holder.ptr());
+    return std::forward<H>(holder);
+  }
+  // register_module("fc", nn::Linear(2, 3)): the temporary moved into a new shared module.
+  template <module_value M>
+  std::shared_ptr<std::remove_cvref_t<M>> register_module(const std::string& name, M&& m) {
+    static_assert(!std::is_lvalue_reference_v<M>,
+                  "register_module: pass a temporary module (nn::Linear(2, 3)) or a shared_ptr; "
+                  "a named module object would be copied, and the copy registered");
+    auto p = std::make_shared<std::remove_cvref_t<M>>(std::move(m));
+    add_child(name, p);
+    return p;
+  }
 
   // ---- access -------------------------------------------------------------------------
   // Depth-first, registration order: this module's own entries, then each child's.
@@ -105,6 +140,8 @@ class Module {
   // The child `name` as an M; ValueError when absent or of another type.
   template <typename M>
   M& child_as(const std::string& name) const {
+    static_assert(std::is_base_of_v<Module, M>,
+                  "child_as<M>: M must be a module class (nn::SequentialImpl, not its holder nn::Sequential)");
     auto* m = dynamic_cast<M*>(child(name).get());
     TANDEM_CHECK(m != nullptr, Value, this->name(), ": child '", name, "' is a ",
                  child(name)->name(), ", not the requested type");
@@ -146,6 +183,9 @@ class Module {
   Module() = default;
   // Deep copy (see Note [registry is the source of truth]).
   Module(const Module& other);
+  // Takes other's registry (the same tensors and children, no copy): how a temporary layer
+  // passed by value (nn::Sequential(nn::Linear(2, 3))) becomes a shared module.
+  Module(Module&& other) = default;
 
   virtual Tensor forward_impl(const Tensor& x) = 0;
   // forward()'s checks: ValueError for an undefined input, DeviceError for one on another device.
@@ -179,6 +219,104 @@ class Cloneable : public Module {
  protected:
   Cloneable() = default;
   Cloneable(const Cloneable&) = default;
+  Cloneable(Cloneable&&) = default;
 };
 
+// A PyTorch-style printout of the module tree (Module::str()).
+std::ostream& operator<<(std::ostream& out, const Module& m);
+
+// Note [module holders]
+// libtorch's module holders: nn::Sequential is a ModuleHolder<SequentialImpl>, a value that
+// wraps a std::shared_ptr<SequentialImpl>. Copying a holder shares the module (as copying a
+// shared_ptr does); `->` and `*` reach the module; calling it runs forward. A holder converts
+// to std::shared_ptr<M> for any base M of Impl (nn::Module included), so it goes where
+// tandem takes a shared module (DistributedDataParallel, DataParallel, replicate) without
+// spelling the type, and to Impl& (so nn::Module&: save, load, ...). Both styles name the
+// same objects: Sequential(std::shared_ptr<SequentialImpl>) wraps an existing module, and
+// holder.ptr() is the shared_ptr. An empty holder (Sequential(nullptr)) throws ValueError
+// when used.
+//
+// Layers stay module classes (std::make_shared<nn::Linear>(2, 3) is a shared module, and
+// nn::Linear(2, 3) a temporary that a Sequential or register_module takes over): tandem's
+// layers read their state from the registry (Note [registry is the source of truth]), so
+// they need no holder to be shared.
+template <typename Impl>
+class ModuleHolder {
+  static_assert(std::is_base_of_v<Module, Impl>, "ModuleHolder<Impl>: Impl must derive from nn::Module");
+
+ public:
+  using ContainedType = Impl;
+
+  // A default-constructed Impl (when it has a default constructor).
+  ModuleHolder()
+    requires std::is_default_constructible_v<Impl>
+      : impl_(std::make_shared<Impl>()) {}
+  // Empty: holds no module until one is assigned.
+  ModuleHolder(std::nullptr_t) {}
+  // Shares an existing module.
+  ModuleHolder(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  // A new Impl from Impl's constructor arguments.
+  template <typename Head, typename... Tail>
+    requires(!(sizeof...(Tail) == 0 &&
+               (std::is_base_of_v<ModuleHolder, std::remove_cvref_t<Head>> ||
+                std::is_convertible_v<Head, std::shared_ptr<Impl>> ||
+                std::is_same_v<std::remove_cvref_t<Head>, std::nullptr_t>)) &&
+             std::is_constructible_v<Impl, Head, Tail...>)
+  explicit ModuleHolder(Head&& head, Tail&&... tail)
+      : impl_(std::make_shared<Impl>(std::forward<Head>(head), std::forward<Tail>(tail)...)) {}
+
+  Impl* operator->() const { return get(); }
+  Impl& operator*() const { return *get(); }
+  // The module; ValueError when the holder is empty.
+  Impl* get() const {
+    if (!impl_) throw_empty();
+    return impl_.get();
+  }
+  const std::shared_ptr<Impl>& ptr() const {
+    if (!impl_) throw_empty();
+    return impl_;
+  }
+  bool is_empty() const { return impl_ == nullptr; }
+  explicit operator bool() const { return impl_ != nullptr; }
+
+  // model(x) runs model->forward(x).
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) const {
+    return (*get())(std::forward<Args>(args)...);
+  }
+
+  template <typename M>
+    requires std::is_base_of_v<M, Impl>
+  operator std::shared_ptr<M>() const {
+    return ptr();
+  }
+  operator Impl&() const { return *get(); }
+
+ private:
+  [[noreturn]] static void throw_empty();
+
+  std::shared_ptr<Impl> impl_;
+};
+
+[[noreturn]] void throw_empty_module_holder();  // ValueError: "empty module holder ..."
+
+template <typename Impl>
+void ModuleHolder<Impl>::throw_empty() {
+  throw_empty_module_holder();
+}
+
+template <typename Impl>
+std::ostream& operator<<(std::ostream& out, const ModuleHolder<Impl>& m) {
+  return out << static_cast<const Module&>(*m);
+}
+
 }  // namespace tandem::nn
+
+// libtorch's TORCH_MODULE(Name): defines the holder class Name for a module class NameImpl,
+//   class NetImpl : public nn::Cloneable<NetImpl> { ... };
+//   TANDEM_MODULE(Net);   // Net net(args...); net->forward(x); DDP ddp(net, group);
+#define TANDEM_MODULE(Name)                                \
+  class Name : public ::tandem::nn::ModuleHolder<Name##Impl> { \
+   public:                                                 \
+    using ::tandem::nn::ModuleHolder<Name##Impl>::ModuleHolder; \
+  }

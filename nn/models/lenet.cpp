@@ -23,13 +23,13 @@ std::shared_ptr<Module> pool(LeNetActivation a) {
 
 }  // namespace
 
-std::shared_ptr<Sequential> lenet(const LeNetOptions& options, Generator& gen) {
+std::shared_ptr<SequentialImpl> lenet(const LeNetOptions& options, Generator& gen) {
   const LeNetActivation a = options.activation;
   // Note [drawing the initialization once]: init_cnn below draws every weight and bias.
-  std::shared_ptr<Sequential> net;
+  std::shared_ptr<SequentialImpl> net;
   {
     init::SkipDefaultInitGuard skip;
-    net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+    net = std::make_shared<SequentialImpl>(std::vector<std::shared_ptr<Module>>{
         std::make_shared<Conv2d>(1, 6, 5, 1, 2, true, gen), activation(a), pool(a),
         std::make_shared<Conv2d>(6, 16, 5, 1, 0, true, gen), activation(a), pool(a),
         std::make_shared<Flatten>(), std::make_shared<Linear>(16 * 5 * 5, 120, true, gen),

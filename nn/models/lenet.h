@@ -22,7 +22,7 @@ struct LeNetOptions {
 //   (7) Linear(400, 120)  (8) act  (9) Linear(120, 84)  (10) act  (11) Linear(84, classes))
 // Initialized by init_cnn (Xavier-uniform weights, zero biases) from `gen`.
 // 61,706 parameters with 10 classes.
-std::shared_ptr<Sequential> lenet(const LeNetOptions& options = {},
+std::shared_ptr<SequentialImpl> lenet(const LeNetOptions& options = {},
                                   Generator& gen = default_generator());
 
 }  // namespace tandem::nn::models

@@ -18,7 +18,7 @@ namespace tandem::nn::models {
 // Initialized by init_cnn (Xavier-uniform weights, zero biases) from `gen`; convolutions have
 // biases, as in d2l.
 // 11,175,818 parameters for in_channels 1 and 10 classes.
-std::shared_ptr<Sequential> resnet18(int64_t num_classes = 10, int64_t in_channels = 1,
+std::shared_ptr<SequentialImpl> resnet18(int64_t num_classes = 10, int64_t in_channels = 1,
                                      Generator& gen = default_generator());
 
 }  // namespace tandem::nn::models

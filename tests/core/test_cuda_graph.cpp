@@ -251,7 +251,7 @@ TEST_CASE("graphed channels-last bfloat16 ResNet training equals eager training 
   Generator gen(5);
   using namespace nn;
   // Batch norm, residual blocks with add_relu, a 1x1 shortcut: the layers of ResNet-18.
-  std::shared_ptr<Module> init = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+  std::shared_ptr<Module> init = std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(1, 8, 3, 1, 1, true, gen), std::make_shared<BatchNorm2d>(8),
       std::make_shared<ReLU>(), std::make_shared<Residual>(8, 16, true, 2, gen),
       std::make_shared<Residual>(16, 16, false, 1, gen), std::make_shared<GlobalAvgPool2d>(),

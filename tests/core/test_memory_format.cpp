@@ -48,10 +48,10 @@ bool is_cl(const Tensor& t) { return suggest_memory_format(t) == kCL; }
 
 // A small ResNet-like model: stem convolution (one input channel), batch norm, ReLU, a
 // downsampling residual block with a 1x1 shortcut, an identity block, pooling, a classifier.
-std::shared_ptr<nn::Sequential> small_resnet(uint64_t seed) {
+std::shared_ptr<nn::SequentialImpl> small_resnet(uint64_t seed) {
   Generator gen(seed);
   using namespace nn;
-  return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+  return std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(1, 8, 3, 1, 1, true, gen), std::make_shared<BatchNorm2d>(8),
       std::make_shared<ReLU>(), std::make_shared<Residual>(8, 16, true, 2, gen),
       std::make_shared<Residual>(16, 16, false, 1, gen), std::make_shared<GlobalAvgPool2d>(),

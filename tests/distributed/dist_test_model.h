@@ -15,7 +15,7 @@ namespace tandem::test {
 // Conv(1->4, 3x3) [BatchNorm] ReLU Flatten Linear(144->16) ReLU Linear(16->classes), from `seed`.
 inline std::shared_ptr<nn::Module> dist_test_net(uint64_t seed, bool bn, int64_t classes = 5) {
   Generator gen(seed);
-  auto seq = std::make_shared<nn::Sequential>();
+  auto seq = std::make_shared<nn::SequentialImpl>();
   auto add = [&](std::shared_ptr<nn::Module> m) { seq->push_back(std::move(m)); };
   add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen));
   if (bn) add(std::make_shared<nn::BatchNorm2d>(4));

@@ -16,7 +16,7 @@ namespace {
 // "0.weight" [3, 2], "0.bias" [3], "1.weight", "1.bias", "1.running_mean", "1.running_var"
 // [3] and "1.num_batches_tracked".
 nn::Module& module() {
-  static nn::Sequential m{std::make_shared<nn::Linear>(2, 3), std::make_shared<nn::BatchNorm2d>(3)};
+  static nn::SequentialImpl m{std::make_shared<nn::Linear>(2, 3), std::make_shared<nn::BatchNorm2d>(3)};
   return m;
 }
 

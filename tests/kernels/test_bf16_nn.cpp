@@ -157,7 +157,7 @@ TEST_CASE("a small ResNet trained under autocast stays near float32 training", "
   auto make = [] {
     Generator gen(7);
     using namespace nn;
-    return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+    return std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
         std::make_shared<Conv2d>(1, 8, 3, 1, 1, true, gen), std::make_shared<BatchNorm2d>(8),
         std::make_shared<ReLU>(), std::make_shared<Residual>(8, 16, true, 2, gen),
         std::make_shared<GlobalAvgPool2d>(), std::make_shared<Flatten>(), std::make_shared<Linear>(16, 4, true, gen)});

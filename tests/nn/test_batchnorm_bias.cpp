@@ -101,8 +101,8 @@ std::set<std::string> node_names(const Tensor& y) {
 
 // A ResNet stem as models/resnet.cpp builds it, then a conv without a bias (not fused) and a
 // conv -> batch norm with nothing after it.
-std::shared_ptr<nn::Sequential> stem(int64_t in, Generator& gen) {
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+std::shared_ptr<nn::SequentialImpl> stem(int64_t in, Generator& gen) {
+  return std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Conv2d>(in, 16, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(16),
       std::make_shared<nn::ReLU>(), std::make_shared<nn::Conv2d>(16, 16, 3, 1, 1, false, gen),
       std::make_shared<nn::BatchNorm2d>(16), std::make_shared<nn::Conv2d>(16, 12, 3, 1, 0, true, gen),
@@ -251,7 +251,7 @@ TEST_CASE("The conv bias fusion runs the batch norm nodes that take the bias", "
       return node_names(m(x));
     };
     nn::Residual block(3, 16, true, 2, gen);
-    const std::shared_ptr<nn::Sequential> s = stem(3, gen);
+    const std::shared_ptr<nn::SequentialImpl> s = stem(3, gen);
     set_fuse_bn_relu(true);
     set_fuse_conv_bias(true);
     auto got = names(block);

@@ -116,13 +116,13 @@ TEST_CASE("A Sequential runs its BatchNorm2d and the ReLU after it as one op", "
     Generator gen(9);
     // BN -> ReLU (fused), BN -> Conv (not), and a BN at the end (nothing after it).
     check_fusion_changes_nothing(
-        std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
             std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(4),
             std::make_shared<nn::ReLU>(), std::make_shared<nn::BatchNorm2d>(4),
             std::make_shared<nn::Conv2d>(4, 2, 3, 1, 0, true, gen), std::make_shared<nn::BatchNorm2d>(2)}),
         uniform({3, 1, 7, 7}, -1.0, 1.0, kFloat32), d, set_fuse_bn_relu, fuse_bn_relu);
     // What ran: one fused node for BN -> ReLU, the plain one otherwise.
-    nn::Sequential pair({std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
+    nn::SequentialImpl pair({std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>()});
     pair.to(d);
     Tensor h = uniform({2, 4, 3, 3}, -1.0, 1.0, kFloat32).to(d);
     h.set_requires_grad(true);

@@ -24,7 +24,7 @@ TEST_CASE("training checkpoint: PyTorch's names, a round trip, and a resumed run
   // A convolution, BatchNorm (its buffers) and a linear layer; Adam for a state with a step.
   auto make = [] {
     Generator g(5);
-    return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+    return std::make_shared<SequentialImpl>(std::vector<std::shared_ptr<Module>>{
         std::make_shared<Conv2d>(1, 4, 3, 1, 1, true, g), std::make_shared<BatchNorm2d>(4),
         std::make_shared<ReLU>(), std::make_shared<Flatten>(), std::make_shared<Linear>(4 * 8 * 8, 10, true, g)});
   };

@@ -70,7 +70,7 @@ TEST_CASE("LeNet on CUDA matches the CPU", "[nn][cuda]") {
 TEST_CASE("conv, BatchNorm and Residual on CUDA match the CPU", "[nn][cuda]") {
   TANDEM_REQUIRE_CUDA();
   Generator gen(31);
-  auto net = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+  auto net = std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
       std::make_shared<Conv2d>(1, 8, 3, 1, 1, true, gen), std::make_shared<BatchNorm2d>(8),
       std::make_shared<ReLU>(), std::make_shared<Residual>(8, 16, true, 2, gen),
       std::make_shared<Residual>(16, 16, false, 1, gen), std::make_shared<GlobalAvgPool2d>(),

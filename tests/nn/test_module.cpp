@@ -33,10 +33,10 @@ class Affine : public Cloneable<Affine> {
   int64_t n_;
 };
 
-std::shared_ptr<Sequential> small_net() {
-  return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+std::shared_ptr<SequentialImpl> small_net() {
+  return std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
       std::make_shared<Linear>(3, 4), std::make_shared<ReLU>(),
-      std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<SequentialImpl>(std::initializer_list<std::shared_ptr<Module>>{
           std::make_shared<Linear>(4, 2, false), std::make_shared<BatchNorm2d>(2)})});
 }
 
@@ -117,7 +117,7 @@ TEST_CASE("Module registers parameters, buffers and children in order", "[nn]") 
 
   SECTION("a shared parameter is listed once") {
     auto lin = std::make_shared<Linear>(2, 2);
-    Sequential tied{lin, lin};
+    SequentialImpl tied{lin, lin};
     CHECK(tied.parameters().size() == 2);
     CHECK(tied.state_dict().size() == 4);  // both names, as PyTorch's state_dict
   }
@@ -161,7 +161,7 @@ TEST_CASE("state_dict round trip and load errors", "[nn]") {
   }
   SECTION("buffers are part of the state") {
     auto n1 = small_net(), n2 = small_net();
-    n1->at<Sequential>(2).at<BatchNorm2d>(1).running_mean().fill_(0.25);
+    n1->at<SequentialImpl>(2).at<BatchNorm2d>(1).running_mean().fill_(0.25);
     n2->load_state_dict(n1->state_dict());
     CHECK(values(n2->state_dict().at("2.1.running_mean")) == std::vector<double>{0.25, 0.25});
   }
@@ -202,7 +202,7 @@ TEST_CASE("clone is a deep copy: LeNet", "[nn]") {
   auto net = models::lenet({models::LeNetActivation::ReLU});
   check_clone(*net);
   net->eval();
-  auto copy = std::dynamic_pointer_cast<Sequential>(net->clone());
+  auto copy = std::dynamic_pointer_cast<SequentialImpl>(net->clone());
   REQUIRE(copy != nullptr);
   CHECK_FALSE(copy->is_training());
   CHECK_FALSE((*copy)[0]->is_training());
@@ -212,12 +212,12 @@ TEST_CASE("clone is a deep copy: LeNet", "[nn]") {
 
 TEST_CASE("clone is a deep copy: ResNet-18 and custom modules", "[nn]") {
   auto net = models::resnet18();
-  net->at<Sequential>(0).at<BatchNorm2d>(1).running_var().fill_(3.0);
+  net->at<SequentialImpl>(0).at<BatchNorm2d>(1).running_var().fill_(3.0);
   check_clone(*net);
   auto copy = net->clone();
   CHECK(values(copy->state_dict().at("0.1.running_var"))[0] == 3.0);
   // The typed accessors of the copy see the copy's own children.
-  auto& block = std::dynamic_pointer_cast<Sequential>(copy)->at<Sequential>(2).at<Residual>(0);
+  auto& block = std::dynamic_pointer_cast<SequentialImpl>(copy)->at<SequentialImpl>(2).at<Residual>(0);
   CHECK(block.use_1x1conv());
   CHECK(block.conv1().weight().same(copy->named_parameters().at("2.0.conv1.weight")));
 

@@ -12,7 +12,7 @@ using namespace tandem;
 using tandem::test::values;
 
 TEST_CASE("Sequential children are callable by index", "[nn]") {
-  auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+  auto model = std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(4, 2)});
   const Tensor x = randn({5, 3});
   // Layer by layer, both spellings, give what the whole model gives.

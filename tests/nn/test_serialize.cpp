@@ -374,7 +374,7 @@ TEST_CASE("nn::load names the first tensor that does not fit and changes nothing
     std::vector<std::shared_ptr<Module>> layers;
     for (const auto& [name, c] : net->named_children()) layers.push_back(c->clone());
     layers.push_back(std::make_shared<Linear>(10, 3, true, gen));
-    auto bigger = std::make_shared<Sequential>(layers);
+    auto bigger = std::make_shared<SequentialImpl>(layers);
     const StateDict before = snapshot(*bigger);
     CHECK(contains(error_message<ValueError>([&] { load(*bigger, path); }),
                    "tensor '12.weight' (F32 [3,10] in the Sequential) is missing from the file"));
@@ -384,7 +384,7 @@ TEST_CASE("nn::load names the first tensor that does not fit and changes nothing
     std::vector<std::shared_ptr<Module>> layers;
     for (const auto& [name, c] : net->named_children()) layers.push_back(c->clone());
     layers.pop_back();
-    auto smaller = std::make_shared<Sequential>(layers);
+    auto smaller = std::make_shared<SequentialImpl>(layers);
     smaller->state_dict().at("0.weight").fill_(0.5);
     const StateDict before = snapshot(*smaller);
     CHECK(contains(error_message<ValueError>([&] { load(*smaller, path); }),

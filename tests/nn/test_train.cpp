@@ -55,7 +55,7 @@ int64_t correct(const Tensor& logits, const Tensor& target) {
 TEST_CASE("an MLP learns separable blobs with SGD", "[nn]") {
   Generator gen(11);
   auto [x, y] = blobs(96, gen);
-  Sequential net{std::make_shared<Linear>(2, 16, true, gen), std::make_shared<ReLU>(),
+  SequentialImpl net{std::make_shared<Linear>(2, 16, true, gen), std::make_shared<ReLU>(),
                  std::make_shared<Linear>(16, 3, true, gen)};
   optim::SGD opt(net.parameters(), 0.1, 0.9);
   CrossEntropyLoss loss_fn;
@@ -96,7 +96,7 @@ TEST_CASE("LeNet learns a two-class image task with Adam", "[nn]") {
 TEST_CASE("a small conv net with BatchNorm and a residual block trains", "[nn]") {
   Generator gen(13);
   auto [x, y] = halves(8, gen);
-  Sequential net{std::make_shared<Conv2d>(1, 4, 3, 2, 1, true, gen),  // [8, 4, 14, 14]
+  SequentialImpl net{std::make_shared<Conv2d>(1, 4, 3, 2, 1, true, gen),  // [8, 4, 14, 14]
                  std::make_shared<BatchNorm2d>(4),
                  std::make_shared<ReLU>(),
                  std::make_shared<Residual>(4, 8, true, 2, gen),  // [8, 8, 7, 7]

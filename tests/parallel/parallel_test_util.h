@@ -18,7 +18,7 @@ namespace tandem::test {
 
 // 8 -> 16 -> 4 MLP with ReLU.
 inline std::shared_ptr<nn::Module> small_mlp(Generator& gen) {
-  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+  return std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(8, 16, true, gen), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(16, 4, true, gen)});
 }

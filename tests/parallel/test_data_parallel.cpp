@@ -278,7 +278,7 @@ TEST_CASE("coalesce_by_dtype makes one flat tensor per dtype, in order of first 
 
 TEST_CASE("DataParallel keeps mixed-dtype buffers (BatchNorm's counter) coalesced and in sync", "[parallel]") {
   Generator gen(5);
-  auto net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+  auto net = std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(8, 6, true, gen), std::make_shared<nn::BatchNorm2d>(6),
       std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(6, 4, true, gen)});
   DataParallel dp(net, cpu_devices(2));
@@ -305,7 +305,7 @@ TEST_CASE("DataParallel keeps mixed-dtype buffers (BatchNorm's counter) coalesce
 TEST_CASE("BatchNorm under DataParallel keeps shard 0's running statistics", "[parallel]") {
   Generator gen(17);
   auto make = [&] {
-    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+    return std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
         std::make_shared<nn::Linear>(8, 6, true, gen), std::make_shared<nn::BatchNorm2d>(6),
         std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(6, 4, true, gen)});
   };

@@ -55,7 +55,7 @@ namespace {
 // two identical ranks") and logs when it ran.
 struct Fixture {
   Generator gen{11};
-  std::shared_ptr<nn::Module> net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+  std::shared_ptr<nn::Module> net = std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(6, 8, true, gen), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(8, 8, true, gen), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(8, 3, true, gen)});
@@ -167,7 +167,7 @@ TEST_CASE("Reducer: zero_grad, no_sync accumulation and unused parameters", "[pa
       // Only the first layer takes part: the loss of its output alone.
       Generator g(5);
       Tensor x = randn({4, 6}, kFloat32, kCPU, &g);
-      Tensor loss = sum((*(*std::static_pointer_cast<nn::Sequential>(f.net))[0])(x));
+      Tensor loss = sum((*(*std::static_pointer_cast<nn::SequentialImpl>(f.net))[0])(x));
       if (!find_unused) {
         const std::string msg = test::error_message<ValueError>([&] { loss.backward(); });
         CHECK(test::contains(msg, "'2.weight'"));

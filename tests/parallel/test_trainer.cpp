@@ -96,7 +96,7 @@ TEST_CASE("ScratchTrainer errors name the values", "[parallel]") {
 TEST_CASE("replicas with different parameter shapes are rejected", "[parallel]") {
   Generator gen(2);
   auto a = small_mlp(gen);
-  auto b = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+  auto b = std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(8, 12, true, gen), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(12, 4, true, gen)});
   b->to(Device::cpu(1));
