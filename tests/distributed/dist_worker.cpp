@@ -20,6 +20,13 @@
 //   kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself at step S of a long run
 //   fingerprint            rank 1 allreduces another size than rank 0
 //   silent [--after K]     rank 1 stops calling collectives after K of them (and sleeps)
+//   pipeline [--schedule gpipe|1f1b] [--micro-batches M] [--adam] [--steps S] [--batch B]
+//            [--kill-rank R --kill-step S]
+//                          LeNet split into one stage per rank (ProcessPipeline); every rank also
+//                          trains the whole model in-process on the same batches and prints
+//                          "stage S max_rel_err X loss_err Y" for its stage's parameters
+//   pipeline-messages      2 ranks: a gradient of the wrong shape and an unexpected micro-batch
+//                          over ProcessBoundary; prints the errors ("caught: ...")
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <csignal>
@@ -36,6 +43,8 @@
 #include "parallel/distributed/ddp.h"
 #include "parallel/distributed/process_group.h"
 #include "parallel/distributed/ring_p2p.h"
+#include "nn/models/lenet.h"
+#include "parallel/pipeline/process_boundary.h"
 
 using namespace tandem;
 using namespace tandem::parallel::distributed;
@@ -431,6 +440,135 @@ void run_silent(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   }
 }
 
+
+// ---- one pipeline stage per process ------------------------------------------------------
+
+// max |a - b| / max(1, max |b|), as the tests' rel_error.
+double rel_err(const Tensor& a, const Tensor& b) {
+  const auto va = a.to(kCPU).to(kFloat64).to_vector<double>(), vb = b.to(kCPU).to(kFloat64).to_vector<double>();
+  double diff = 0, scale = 1;
+  for (size_t i = 0; i < va.size(); ++i) {
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return diff / scale;
+}
+
+// LeNet (12 layers) as {7, 5} on 2 ranks, {3, 3, 3, 3} on 4, else as even as possible.
+void run_pipeline(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  namespace pp = tandem::parallel::pipeline;
+  const int P = group->size(), s = group->rank();
+  const int M = int(f.num("--micro-batches", 4)), steps = int(f.num("--steps", 3));
+  const int64_t batch = f.num("--batch", 11);
+  const int kill_rank = int(f.num("--kill-rank", -1)), kill_step = int(f.num("--kill-step", 1));
+  std::string kind = "1f1b";
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--schedule") kind = f.args[i + 1];
+  auto make_model = [] {
+    Generator gen(21);
+    return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
+  };
+  auto make_opt = [&](std::vector<Tensor> ps) -> std::unique_ptr<nn::optim::Optimizer> {
+    if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
+    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
+  };
+  Generator data_gen(22);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < steps; ++i) {
+    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
+    std::vector<int64_t> labels(static_cast<size_t>(batch));
+    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
+    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
+  }
+  // The reference: the whole model on this process's CPU.
+  auto one = make_model();
+  std::vector<double> one_losses;
+  {
+    auto opt = make_opt(one->parameters());
+    for (const auto& [x, y] : batches) {
+      opt->zero_grad();
+      Tensor loss = cross_entropy(one->forward(x), y);
+      loss.backward();
+      opt->step();
+      one_losses.push_back(loss.item());
+    }
+  }
+  std::vector<int64_t> balance;
+  const int64_t layers = 12;
+  if (P == 2) balance = {7, 5};
+  else for (int k = 0; k < P; ++k) balance.push_back(layers / P + (k < layers % P ? 1 : 0));
+  auto model = make_model();
+  const pp::Stage stage = pp::stage_of_balance(*model, balance, s, g_device);
+  pp::ProcessPipeline pipe(stage, pp::schedule_by_name(kind, P, M),
+                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, group);
+  auto opt = make_opt(stage.module->parameters());
+  double loss_err = 0;
+  for (int k = 0; k < steps; ++k) {
+    if (s == kill_rank && k == kill_step) std::raise(SIGKILL);
+    opt->zero_grad();
+    std::vector<Tensor> per_micro_batch;
+    const double loss = pipe.step(batches[size_t(k)].first, batches[size_t(k)].second, &per_micro_batch).item();
+    require(per_micro_batch.size() == size_t(M), "one loss per micro-batch");
+    loss_err = std::max(loss_err, std::abs(loss - one_losses[size_t(k)]) / one_losses[size_t(k)]);
+    opt->step();
+  }
+  if (kill_rank >= 0) {  // the survivors go on until the failure reaches them
+    for (int k = 0; k < 100000; ++k) pipe.step(batches[0].first, batches[0].second);
+  }
+  // This stage's layers against the same layers of the one-device model.
+  double err = 0;
+  for (size_t l = stage.begin; l < stage.end; ++l) {
+    const auto a = (*model)[l]->parameters(), b = (*one)[l]->parameters();
+    require(a.size() == b.size(), "same layers");
+    for (size_t i = 0; i < a.size(); ++i) err = std::max(err, rel_err(a[i], b[i]));
+  }
+  {
+    NoGradGuard no_grad;
+    Tensor out = pipe.forward(batches[0].first);
+    require(rel_err(out, one->forward(batches[0].first)) < 1e-4, "forward equals the one-device model");
+  }
+  std::printf("stage %d max_rel_err %.3g loss_err %.3g in_flight %d\n", s, err, loss_err, pipe.max_in_flight());
+}
+
+// Stage 1 answers stage 0's activation [2, 3] with a gradient [3, 2], then stage 0 sends
+// micro-batch 1 where stage 1 waits for micro-batch 0: both receivers must say so.
+void run_pipeline_messages(const std::shared_ptr<ProcessGroup>& group) {
+  namespace pp = tandem::parallel::pipeline;
+  require(group->size() == 2, "2 ranks");
+  pp::ProcessBoundary b(group);
+  auto caught = [](const char* what, auto&& f) {
+    try {
+      f();
+      std::printf("%s: no error\n", what);
+    } catch (const Error& e) {
+      std::printf("caught %s: %s\n", what, e.what());
+    }
+  };
+  // The receiver stops at the header; the payload after it is drained by hand.
+  if (group->rank() == 0) {
+    b.send_activation(0, 0, ones({2, 3}));
+    caught("ShapeError", [&] { b.recv_grad(0, 0, kCPU); });
+    Tensor stale = zeros({3, 2});
+    group->recv(stale, 1)->wait();
+    b.finish();
+  } else {
+    require(b.recv_activation(1, 0, kCPU).shape() == Shape{2, 3}, "the activation's shape");
+    b.send_grad(1, 0, ones({3, 2}));
+    b.finish();
+  }
+  pp::ProcessBoundary b2(group);  // a fresh boundary: the next messages on the same channels
+  group->barrier();
+  if (group->rank() == 0) {
+    b2.send_activation(0, 1, ones({2, 3}));
+    group->barrier();  // rank 1 has read the header and stopped
+  } else {
+    caught("ValueError", [&] { b2.recv_activation(1, 0, kCPU); });
+    Tensor stale = zeros({2, 3});
+    group->recv(stale, 0)->wait();
+    group->barrier();
+  }
+  group->barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -457,6 +595,8 @@ int main(int argc, char** argv) {
     else if (mode == "fingerprint") run_fingerprint(ctx.group);
     else if (mode == "silent") run_silent(ctx.group, f);
     else if (mode == "ring") run_ring(*ctx.group);
+    else if (mode == "pipeline") run_pipeline(ctx.group, f);
+    else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {
