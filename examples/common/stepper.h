@@ -67,6 +67,9 @@ class Stepper {
 // The stepper for cfg: DDP when cfg.group is set (on cfg.devices.front(), which must be the
 // group's device), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
+// cfg.parallel == "pipeline": the model's stages on cfg.devices (one process), or this rank's
+// stage of cfg.group's pipeline (pipeline_stepper.cpp).
+std::unique_ptr<Stepper> make_pipeline_stepper(const TrainConfig& cfg);
 
 // cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay;
 // capturable for a step replayed from a CUDA graph (Note [capturable optimizer steps]).
