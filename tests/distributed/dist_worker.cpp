@@ -25,10 +25,14 @@
 //                          LeNet split into one stage per rank (ProcessPipeline); every rank also
 //                          trains the whole model in-process on the same batches and prints
 //                          "stage S max_rel_err X loss_err Y" for its stage's parameters
+//   pipeline-bench [--micro-batches M] [--steps S] [--width W] [--trace FILE]
+//                          a stage per rank of equal cost (Linear(W, W) + ReLU, 4 of them), a
+//                          batch of 256, 1F1B; rank 0 writes the merged timeline of the steps
 //   pipeline-messages      2 ranks: a gradient of the wrong shape and an unexpected micro-batch
 //                          over ProcessBoundary; prints the errors ("caught: ...")
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -45,6 +49,7 @@
 #include "parallel/distributed/ring_p2p.h"
 #include "nn/models/lenet.h"
 #include "parallel/pipeline/process_boundary.h"
+#include "parallel/trace.h"
 
 using namespace tandem;
 using namespace tandem::parallel::distributed;
@@ -569,6 +574,46 @@ void run_pipeline_messages(const std::shared_ptr<ProcessGroup>& group) {
   group->barrier();
 }
 
+// Equal stages, so the idle time is the schedule's bubble (and the messages), not an imbalance.
+void run_pipeline_bench(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  namespace pp = tandem::parallel::pipeline;
+  const int P = group->size(), s = group->rank();
+  const int M = int(f.num("--micro-batches", 4)), steps = int(f.num("--steps", 10));
+  const int64_t width = f.num("--width", 512), batch = 256;
+  std::string trace_path;
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--trace") trace_path = f.args[i + 1];
+  Generator gen(5);
+  auto model = std::make_shared<nn::Sequential>();
+  for (int k = 0; k < 4 * P; ++k) {
+    model->push_back(std::make_shared<nn::Linear>(width, width, true, gen));
+    model->push_back(std::make_shared<nn::ReLU>());
+  }
+  const pp::Stage stage = pp::stage_of_balance(*model, std::vector<int64_t>(size_t(P), 8), s, g_device);
+  pp::ProcessPipeline pipe(stage, pp::schedule_1f1b(P, M),
+                           [](const Tensor& out, const Tensor&) { return mean(out * out); }, group);
+  nn::optim::SGD opt(stage.module->parameters(), 1e-3);
+  parallel::Trace trace(g_device, s, "stage " + std::to_string(s));
+  Tensor x = randn({batch, width}, kFloat32, kCPU, &gen), y = zeros({batch}, kFloat32);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < steps; ++k) {
+    pipe.set_trace(k > 0 ? &trace : nullptr);  // the first step warms up
+    opt.zero_grad();
+    pipe.step(x, y);
+    opt.step();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("stage %d M %d steps %d: %.2f ms per step\n", s, M, steps, ms / steps);
+  if (!trace_path.empty()) {
+    group->store().set("bench-trace/" + std::to_string(s), trace.json());
+    if (s == 0) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < P; ++r) parts.push_back(group->store().get_string("bench-trace/" + std::to_string(r)));
+      parallel::write_merged_trace(trace_path, parts);
+    }
+  }
+  group->barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -596,6 +641,7 @@ int main(int argc, char** argv) {
     else if (mode == "silent") run_silent(ctx.group, f);
     else if (mode == "ring") run_ring(*ctx.group);
     else if (mode == "pipeline") run_pipeline(ctx.group, f);
+    else if (mode == "pipeline-bench") run_pipeline_bench(ctx.group, f);
     else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
