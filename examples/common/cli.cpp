@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/checkpoint.h"
+#include "common/stepper.h"
 
 #include "autograd/anomaly.h"
 #include "core/error.h"
@@ -36,9 +37,13 @@ std::vector<Device> parse_devices_flag(const Args& args) {
 // (gloo); the flags that choose devices inside one process do not apply.
 void configure_distributed(const Args& args, TrainConfig& cfg) {
   for (const char* name : {"devices", "parallel", "comm"})
-    if (args.given(name) && !(std::string(name) == "parallel" && args.str("parallel") == "pipeline"))
+    if (args.given(name) && !(std::string(name) == "parallel" && args.str("parallel") == "pipeline")) {
+      if (std::string(name) == "parallel" && args.str("parallel") == "tensor")
+        throw ArgsError("--parallel tensor splits layers over the devices of one process (--devices), not over "
+                        "processes yet");
       throw ArgsError(std::string("--") + name + " is for one process; in a multi-process run each process "
                       "takes one device (LOCAL_RANK's GPU, or the CPU with --device cpu)");
+    }
   cfg.backend = args.choice("backend", {"auto", "nccl", "gloo"});
   const std::string device = args.str("device");
   if (!device.empty() && device != "cpu" && device != "cuda")
@@ -57,6 +62,12 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
 // --parallel pipeline's flags (the model's layers are checked in check_pipeline_model, once
 // the program has said what its model is). Each bad combination is one ArgsError.
 void configure_pipeline(const Args& args, TrainConfig& cfg) {
+  if (cfg.parallel == "tensor") {
+    for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
+      if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel tensor yet");
+    if (cfg.precision != "fp32")
+      throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel tensor yet");
+  }
   if (cfg.parallel != "pipeline") {
     for (const char* name : {"micro-batches", "schedule"})
       if (args.given(name)) throw ArgsError(std::string("--") + name + " is for --parallel pipeline");
@@ -76,6 +87,14 @@ void configure_pipeline(const Args& args, TrainConfig& cfg) {
 // More stages than the model has layers is a bad flag too: the stages are the devices of this
 // process, or the processes of the job.
 void check_pipeline_model(const TrainConfig& cfg, const std::string& description) {
+  if (cfg.parallel == "tensor") {
+    auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+    const auto n = static_cast<int64_t>(cfg.devices.size());
+    if (!model || tensor_parallel_split_point(*model, n) < 0)
+      throw ArgsError("--parallel tensor: " + description + " has no Linear -> ReLU/Sigmoid -> Linear whose " +
+                      std::to_string(n) + " devices each get at least one feature of the middle");
+    return;
+  }
   if (cfg.parallel != "pipeline") return;
   auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
   if (!model) throw ArgsError("--parallel pipeline cuts a Sequential into stages; " + description + " is not one");
@@ -112,7 +131,8 @@ void add_common_flags(Args& args) {
   args.option("device", "", "one device: cpu, cuda, cuda:N (default: a GPU if present, else cpu)");
   args.option("devices", "", "several devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (data-parallel)");
   args.option("parallel", "scratch", "with several devices: scratch|dp (data-parallel) or pipeline (the layers cut "
-                                     "into a stage per device, or per process under a launcher)");
+                                     "into a stage per device, or per process under a launcher) or tensor (a Linear -> activation -> Linear split "
+                                     "over the devices)");
   args.option("micro-batches", "1", "--parallel pipeline: micro-batches per batch");
   args.option("schedule", "1f1b", "--parallel pipeline: gpipe|1f1b");
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
@@ -161,7 +181,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
         throw ArgsError(std::string("--") + name + " is for a multi-process run (under a launcher, or with --distributed)");
     if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
     cfg.devices = parse_devices_flag(args);
-    cfg.parallel = args.choice("parallel", {"scratch", "dp", "pipeline"});
+    cfg.parallel = args.choice("parallel", {"scratch", "dp", "pipeline", "tensor"});
     cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
     if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
   }

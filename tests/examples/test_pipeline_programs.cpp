@@ -1,7 +1,8 @@
 // lenet and resnet with --parallel pipeline on tiny Fashion-MNIST-shaped data (tiny_dataset.h):
 // the stages on virtual CPU devices of one process, and one stage per process under tandem-run
-// (Gloo), print the numbers of the program on one device (loss to 1e-4); the bad combinations
-// of flags are one line and exit code 2.
+// (Gloo), print the numbers of the program on one device (loss to 1e-4), and so does
+// --parallel tensor on virtual CPU devices; the bad combinations of flags are one line and exit
+// code 2.
 #ifdef TANDEM_LENET_PATH
 #include <sys/wait.h>
 
@@ -99,6 +100,25 @@ TEST_CASE("lenet --parallel pipeline on virtual CPU devices prints the one-devic
   }
 }
 
+TEST_CASE("lenet --parallel tensor on 2 and 4 virtual CPU devices prints the one-device numbers",
+          "[examples][tensor-parallel]") {
+  TempDir dir;
+  const std::string common = tiny_flags(dir) + " --batch-size 16";
+  for (const char* opt : {"", " --optimizer adam"}) {
+    Result one = run_program(std::string(TANDEM_LENET_PATH) + " " + common + opt + " --device cpu", dir);
+    REQUIRE(one.code == 0);
+    for (const char* devices : {"cpu:0,cpu:1", "cpu:0,cpu:1,cpu:2,cpu:3"}) {
+      Result tp = run_program(std::string(TANDEM_LENET_PATH) + " " + common + opt + " --parallel tensor --devices " +
+                                  devices,
+                              dir);
+      INFO(opt << " " << devices << "\n" << one.output << "\n---\n" << tp.output);
+      REQUIRE(tp.code == 0);
+      CHECK(tp.output.find("[tensor]") != std::string::npos);
+      check_same_numbers(one.output, tp.output, 2);
+    }
+  }
+}
+
 TEST_CASE("resnet --parallel pipeline trains a step on two virtual CPU devices", "[examples][pipeline]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
@@ -148,6 +168,15 @@ TEST_CASE("lenet --parallel pipeline under tandem-run, a stage per process, prin
   CHECK(many.code != 0);
   CHECK(many.output.find("lenet: --parallel pipeline: 13 processes for 12 layers; every stage needs at least one "
                          "layer") != std::string::npos);
+  // Tensor parallelism is for the devices of one process.
+  Result tensor = run_program(std::string("TANDEM_DIST_TIMEOUT=20 ") + TANDEM_RUN_PATH +
+                                  " --standalone --grace-seconds 1 --nproc-per-node 2 " + TANDEM_LENET_PATH + " " +
+                                  common + " --device cpu --parallel tensor",
+                              dir);
+  INFO(tensor.output);
+  CHECK(tensor.code != 0);
+  CHECK(tensor.output.find("lenet: --parallel tensor splits layers over the devices of one process (--devices), "
+                           "not over processes yet") != std::string::npos);
 }
 #endif
 
@@ -176,6 +205,11 @@ TEST_CASE("lenet and resnet reject bad pipeline flags with one line and exit cod
        "lenet: --schedule: 'zb' is not one of gpipe|1f1b"},
       {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --precision bf16",
        "lenet: --precision bf16 is not supported with --parallel pipeline yet"},
+      {TANDEM_RESNET_PATH, "--parallel tensor --devices cpu:0,cpu:1",
+       "resnet: --parallel tensor: ResNet-18 has no Linear -> ReLU/Sigmoid -> Linear whose 2 devices each get at "
+       "least one feature of the middle"},
+      {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --micro-batches 2",
+       "lenet: --micro-batches is for --parallel pipeline"},
   };
   for (const Case& c : cases) {
     Result r = run_program(std::string(c.program) + data + " " + c.flags, dir);
