@@ -121,8 +121,9 @@ class PipelineStepper final : public Stepper {
     if (it == pipes_.end()) {
       const int P = static_cast<int>(stages_.size());
       it = pipes_
-               .emplace(m, std::make_unique<pp::Pipeline>(
-                               stages_, pp::schedule_by_name(cfg_.schedule, P, m), counting_loss(correct_)))
+               .emplace(m, std::make_unique<pp::Pipeline>(stages_,
+                                                          pp::schedule_by_name(cfg_.schedule, P, m),
+                                                          counting_loss(correct_)))
                .first;
     }
     return *it->second;
@@ -151,13 +152,14 @@ class ProcessPipelineStepper final : public Stepper {
     correct_ = zeros({1}, kInt64, device_);
     opt_ = make_optimizer(cfg, stage_.module->parameters());
     if (!cfg.trace.empty()) {
-      trace_ = std::make_unique<parallel::Trace>(
-          device_, group_->rank(),
-          "stage " + std::to_string(group_->rank()) + " (rank " + std::to_string(group_->rank()) + ") " +
-              device_.str());
+      trace_ = std::make_unique<parallel::Trace>(device_, group_->rank(),
+                                                 "stage " + std::to_string(group_->rank()) +
+                                                     " (rank " + std::to_string(group_->rank()) +
+                                                     ") " + device_.str());
     }
-    eval_ = std::make_shared<ForwardModule>(
-        [this](const Tensor& x) { return pipeline(static_cast<int>(cfg_.micro_batches)).forward(x).to(device_); });
+    eval_ = std::make_shared<ForwardModule>([this](const Tensor& x) {
+      return pipeline(static_cast<int>(cfg_.micro_batches)).forward(x).to(device_);
+    });
     eval_->to(device_);
   }
 
@@ -166,7 +168,8 @@ class ProcessPipelineStepper final : public Stepper {
     if (!stage_.module->is_training()) stage_.module->train();  // after an evaluation
     const data::Batch b = data.get(index);
     const int64_t rows = b.x.size(0);
-    pp::ProcessPipeline& pipe = pipeline(static_cast<int>(std::min<int64_t>(cfg_.micro_batches, rows)));
+    pp::ProcessPipeline& pipe =
+        pipeline(static_cast<int>(std::min<int64_t>(cfg_.micro_batches, rows)));
     pipe.set_trace(trace_ && steps_ < kTracedPipelineSteps ? trace_.get() : nullptr);
     ++steps_;
     opt_->zero_grad();
@@ -179,7 +182,9 @@ class ProcessPipelineStepper final : public Stepper {
     correct_.zero_();
   }
   // Note [pipeline stepper numbers]: the last stage's values, on every rank.
-  void sum_across_processes(const Tensor& t) override { group_->broadcast(t, group_->size() - 1)->wait(); }
+  void sum_across_processes(const Tensor& t) override {
+    group_->broadcast(t, group_->size() - 1)->wait();
+  }
   void set_lr(double lr) override { opt_->set_lr(lr); }
   nn::Module& eval_model() override {
     stage_.module->eval();  // as PipelineStepper's
@@ -195,7 +200,8 @@ class ProcessPipelineStepper final : public Stepper {
     store.set("pipeline-trace/" + std::to_string(group_->rank()), trace_->json());
     if (group_->rank() != 0) return;
     std::vector<std::string> parts;
-    for (int r = 0; r < group_->size(); ++r) parts.push_back(store.get_string("pipeline-trace/" + std::to_string(r)));
+    for (int r = 0; r < group_->size(); ++r)
+      parts.push_back(store.get_string("pipeline-trace/" + std::to_string(r)));
     parallel::write_merged_trace(path, parts);
   }
 

@@ -43,10 +43,12 @@ class TensorParallelStepper final : public Stepper {
  public:
   explicit TensorParallelStepper(const TrainConfig& cfg) : devices_(cfg.devices) {
     auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
-    TANDEM_CHECK(model != nullptr, Value, "--parallel tensor: ", cfg.model_name, " is not a Sequential");
+    TANDEM_CHECK(model != nullptr, Value, "--parallel tensor: ", cfg.model_name,
+                 " is not a Sequential");
     const int64_t at = tensor_parallel_split_point(*model, static_cast<int64_t>(devices_.size()));
     TANDEM_CHECK(at >= 0, Value, "--parallel tensor: ", cfg.model_name,
-                 " has no Linear -> activation -> Linear that splits over ", devices_.size(), " devices");
+                 " has no Linear -> activation -> Linear that splits over ", devices_.size(),
+                 " devices");
     comm_ = parallel::make_communicator(cfg.comm, devices_);
     const auto i = static_cast<size_t>(at);
     for (Device d : devices_) {
@@ -54,7 +56,8 @@ class TensorParallelStepper final : public Stepper {
       for (size_t l = 0; l < i; ++l) before->push_back((*model)[l]->clone());
       for (size_t l = i + 3; l < model->size(); ++l) after->push_back((*model)[l]->clone());
       auto act = (*model)[i + 1]->clone();
-      for (nn::Module* m : {static_cast<nn::Module*>(before.get()), static_cast<nn::Module*>(after.get()), act.get()}) {
+      for (nn::Module* m : {static_cast<nn::Module*>(before.get()),
+                            static_cast<nn::Module*>(after.get()), act.get()}) {
         m->to(d);
         m->train();
       }
@@ -72,7 +75,8 @@ class TensorParallelStepper final : public Stepper {
     for (const Tensor& p : fc1_->parameters()) params.push_back(p);
     for (const Tensor& p : fc2_->parameters()) params.push_back(p);
     opt_ = make_optimizer(cfg, params);
-    eval_ = std::make_shared<TensorParallelForward>([this](const Tensor& x) { return forward(x)[0]; });
+    eval_ =
+        std::make_shared<TensorParallelForward>([this](const Tensor& x) { return forward(x)[0]; });
     eval_->to(devices_.front());
   }
 
@@ -120,7 +124,8 @@ class TensorParallelStepper final : public Stepper {
  private:
   std::vector<Tensor> forward(const Tensor& x) {
     std::vector<Tensor> hs;
-    for (size_t r = 0; r < devices_.size(); ++r) hs.push_back(before_[r]->forward(x.to(devices_[r])));
+    for (size_t r = 0; r < devices_.size(); ++r)
+      hs.push_back(before_[r]->forward(x.to(devices_[r])));
     std::vector<Tensor> a = (*fc1_)(hs);
     for (size_t r = 0; r < a.size(); ++r) a[r] = act_[r]->forward(a[r]);
     std::vector<Tensor> b = (*fc2_)(a);

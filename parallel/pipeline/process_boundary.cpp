@@ -10,7 +10,9 @@ namespace tandem::parallel::pipeline {
 
 namespace {
 
-const char* what_name(int what) { return what == 0 ? "activation" : "gradient"; }
+const char* what_name(int what) {
+  return what == 0 ? "activation" : "gradient";
+}
 
 constexpr int64_t kNumDTypes = 5;  // DType's values, for checking a received header
 
@@ -21,7 +23,9 @@ std::string header_str(const std::vector<int64_t>& h) {
   for (int64_t i = 0; i < nd; ++i) dims += (i ? ", " : "") + std::to_string(h[4 + i]);
   const std::string dtype =
       h[2] >= 0 && h[2] < kNumDTypes ? dtype_name(static_cast<DType>(h[2])) : "dtype ?";
-  return detail::str(h[0] == 0 ? "the activation" : h[0] == 1 ? "the gradient" : "something",
+  return detail::str(h[0] == 0   ? "the activation"
+                     : h[0] == 1 ? "the gradient"
+                                 : "something",
                      " of micro-batch ", h[1], " (", dtype, " [", dims, "])");
 }
 
@@ -72,8 +76,8 @@ Tensor ProcessBoundary::recv(What what, int stage, int from, int micro_batch, De
   const std::vector<int64_t> h = header.to(kCPU).to_vector<int64_t>();
   const std::string expected =
       detail::str("the ", what_name(what), " of micro-batch ", micro_batch);
-  TANDEM_CHECK(h[0] == what && h[1] == micro_batch && h[2] >= 0 && h[2] < kNumDTypes &&
-                   h[3] >= 0 && h[3] <= kMaxDims,
+  TANDEM_CHECK(h[0] == what && h[1] == micro_batch && h[2] >= 0 && h[2] < kNumDTypes && h[3] >= 0 &&
+                   h[3] <= kMaxDims,
                Value, "pipeline: stage ", stage, " expected ", expected, " from stage ", from,
                " but received ", header_str(h), " (do the ranks run the same schedule?)");
   std::vector<int64_t> shape(h.begin() + 4, h.begin() + 4 + h[3]);
@@ -119,8 +123,8 @@ void ProcessBoundary::finish() {
   for (Pending& p : pending) p.work->wait();
 }
 
-Stage stage_of_balance(const nn::Sequential& model, const std::vector<int64_t>& balance,
-                       int stage, Device device) {
+Stage stage_of_balance(const nn::Sequential& model, const std::vector<int64_t>& balance, int stage,
+                       Device device) {
   const auto P = balance.size();
   TANDEM_CHECK(P >= 1 && P <= model.size(), Value, "stage_of_balance: ", P,
                " stages for a Sequential of ", model.size(), " layers; every stage needs a layer");
@@ -196,8 +200,7 @@ Tensor ProcessPipeline::step(const Tensor& x, const Tensor& target,
   TANDEM_CHECK(x.defined() && target.defined() && x.dim() >= 1 && target.dim() >= 1, Shape,
                "ProcessPipeline::step: need an input and a target with a batch dim");
   TANDEM_CHECK(x.size(0) == target.size(0), Shape, "ProcessPipeline::step: input ",
-               shape_str(x.shape()), " and target ", shape_str(target.shape()),
-               " differ in rows");
+               shape_str(x.shape()), " and target ", shape_str(target.shape()), " differ in rows");
   const int M = schedule_.num_micro_batches, P = schedule_.num_stages, s = stage_index_;
   const auto xs = split_micro_batches(x, M), ys = split_micro_batches(target, M);
   std::vector<int64_t> sizes;
