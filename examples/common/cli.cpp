@@ -8,10 +8,12 @@
 #include <stdexcept>
 
 #include "common/checkpoint.h"
+#include "common/stepper.h"
 
 #include "autograd/anomaly.h"
 #include "core/error.h"
 #include "data/fashion_mnist.h"
+#include "nn/container.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/process_group.h"
 #include "nn/sync_batchnorm.h"
@@ -36,9 +38,13 @@ std::vector<Device> parse_devices_flag(const Args& args) {
 // (gloo); the flags that choose devices inside one process do not apply.
 void configure_distributed(const Args& args, TrainConfig& cfg) {
   for (const char* name : {"devices", "parallel", "comm"})
-    if (args.given(name))
+    if (args.given(name) && !(std::string(name) == "parallel" && args.str("parallel") == "pipeline")) {
+      if (std::string(name) == "parallel" && args.str("parallel") == "tensor")
+        throw ArgsError("--parallel tensor splits layers over the devices of one process (--devices), not over "
+                        "processes yet");
       throw ArgsError(std::string("--") + name + " is for one process; in a multi-process run each process "
                       "takes one device (LOCAL_RANK's GPU, or the CPU with --device cpu)");
+    }
   cfg.backend = args.choice("backend", {"auto", "nccl", "gloo"});
   const std::string device = args.str("device");
   if (!device.empty() && device != "cpu" && device != "cuda")
@@ -51,6 +57,53 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
   if (cfg.backend == "auto") cfg.backend = gpu ? "nccl" : "gloo";
   cfg.bucket_cap_mb = args.real("bucket-cap-mb", 1e-3, 1e5);
   cfg.overlap = !args.on("no-overlap");
+  if (args.given("parallel")) cfg.parallel = "pipeline";
+}
+
+// --parallel pipeline's flags (the model's layers are checked in check_pipeline_model, once
+// the program has said what its model is). Each bad combination is one ArgsError.
+void configure_pipeline(const Args& args, TrainConfig& cfg) {
+  if (cfg.parallel == "tensor") {
+    for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
+      if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel tensor yet");
+    if (cfg.precision != "fp32")
+      throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel tensor yet");
+  }
+  if (cfg.parallel != "pipeline") {
+    for (const char* name : {"micro-batches", "schedule"})
+      if (args.given(name)) throw ArgsError(std::string("--") + name + " is for --parallel pipeline");
+    return;
+  }
+  cfg.micro_batches = args.integer("micro-batches", 1, 1 << 20);
+  cfg.schedule = args.choice("schedule", {"gpipe", "1f1b"});
+  if (cfg.micro_batches > cfg.batch_size)
+    throw ArgsError("--micro-batches " + std::to_string(cfg.micro_batches) + " is larger than --batch-size " +
+                    std::to_string(cfg.batch_size) + " (a micro-batch would be empty)");
+  for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
+    if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel pipeline yet");
+  if (cfg.precision != "fp32")
+    throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel pipeline yet");
+}
+
+// More stages than the model has layers is a bad flag too: the stages are the devices of this
+// process, or the processes of the job.
+void check_pipeline_model(const TrainConfig& cfg, const std::string& description) {
+  if (cfg.parallel == "tensor") {
+    auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+    const auto n = static_cast<int64_t>(cfg.devices.size());
+    if (!model || tensor_parallel_split_point(*model, n) < 0)
+      throw ArgsError("--parallel tensor: " + description + " has no Linear -> ReLU/Sigmoid -> Linear whose " +
+                      std::to_string(n) + " devices each get at least one feature of the middle");
+    return;
+  }
+  if (cfg.parallel != "pipeline") return;
+  auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+  if (!model) throw ArgsError("--parallel pipeline cuts a Sequential into stages; " + description + " is not one");
+  const int64_t stages =
+      cfg.distributed ? parallel::distributed::read_dist_env().world_size : static_cast<int64_t>(cfg.devices.size());
+  if (stages > static_cast<int64_t>(model->size()))
+    throw ArgsError("--parallel pipeline: " + std::to_string(stages) + (cfg.distributed ? " processes" : " devices") +
+                    " for " + std::to_string(model->size()) + " layers; every stage needs at least one layer");
 }
 
 // "cuda:0", "cpu:0,cpu:1 [scratch/ring]", "2 processes (gloo, cpu)", "2 processes (nccl, one GPU each)".
@@ -59,10 +112,15 @@ std::string where(const TrainConfig& cfg) {
     const int n = cfg.group->size();
     const Device d = cfg.devices.front();
     return std::to_string(n) + (n == 1 ? " process (" : " processes (") + cfg.group->backend() + ", " +
-           (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")";
+           (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")" +
+           (cfg.parallel == "pipeline" ? " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) +
+                                             " micro-batches, a stage per process]"
+                                       : "");
   }
   std::string devs;
   for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
+  if (cfg.parallel == "pipeline")
+    return devs + " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) + " micro-batches]";
   if (cfg.devices.size() < 2) return devs;
   return devs + " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
 }
@@ -73,7 +131,11 @@ void add_common_flags(Args& args) {
   args.option("data", data::kFashionMnistDefaultDir, "folder with the Fashion-MNIST IDX files (.gz or raw)");
   args.option("device", "", "one device: cpu, cuda, cuda:N (default: a GPU if present, else cpu)");
   args.option("devices", "", "several devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (data-parallel)");
-  args.option("parallel", "scratch", "data-parallel path with several devices: scratch|dp");
+  args.option("parallel", "scratch", "with several devices: scratch|dp (data-parallel) or pipeline (the layers cut "
+                                     "into a stage per device, or per process under a launcher) or tensor (a Linear -> activation -> Linear split "
+                                     "over the devices)");
+  args.option("micro-batches", "1", "--parallel pipeline: micro-batches per batch");
+  args.option("schedule", "1f1b", "--parallel pipeline: gpipe|1f1b");
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
                               "ring on CPU devices)");
   args.option("epochs", "10", "training epochs");
@@ -122,7 +184,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
         throw ArgsError(std::string("--") + name + " is for a multi-process run (under a launcher, or with --distributed)");
     if (args.given("devices") && args.given("device")) throw ArgsError("give --device or --devices, not both");
     cfg.devices = parse_devices_flag(args);
-    cfg.parallel = args.choice("parallel", {"scratch", "dp"});
+    cfg.parallel = args.choice("parallel", {"scratch", "dp", "pipeline", "tensor"});
     cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
     if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
   }
@@ -145,6 +207,7 @@ void configure_common(const Args& args, TrainConfig& cfg) {
   if (!cfg.trace.empty() && !cfg.distributed && cfg.devices.size() < 2)
     throw ArgsError("--trace needs several --devices (or one process per device)");
   cfg.progress = !args.on("no-progress");
+  configure_pipeline(args, cfg);
 
   cfg.checkpoint_dir = args.str("checkpoint");
   cfg.checkpoint_every = args.integer("checkpoint-every", 0);
@@ -192,6 +255,7 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
     std::string description;
     spec.configure(args, cfg, description);
     cfg.model_name = description;
+    check_pipeline_model(cfg, description);
     if (args.given("lr")) cfg.lr = args.real("lr", 0.0, 1e6);
     else if (cfg.optimizer == "adam") cfg.lr = 1e-3;
     for (Device d : cfg.devices) check_device_exists(d);

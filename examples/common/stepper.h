@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/distributed_sampler.h"
+#include "nn/container.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
 
@@ -67,6 +68,15 @@ class Stepper {
 // The stepper for cfg: DDP when cfg.group is set (on cfg.devices.front(), which must be the
 // group's device), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
+// cfg.parallel == "pipeline": the model's stages on cfg.devices (one process), or this rank's
+// stage of cfg.group's pipeline (pipeline_stepper.cpp).
+std::unique_ptr<Stepper> make_pipeline_stepper(const TrainConfig& cfg);
+// cfg.parallel == "tensor": the model's first Linear -> activation -> Linear split over
+// cfg.devices (tensor_stepper.cpp).
+std::unique_ptr<Stepper> make_tensor_parallel_stepper(const TrainConfig& cfg);
+// Where that split starts in `model` for num_devices devices (the first Linear's index), or -1
+// when the model has no such layers with at least num_devices features between them.
+int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t num_devices);
 
 // cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay;
 // capturable for a step replayed from a CUDA graph (Note [capturable optimizer steps]).

@@ -337,6 +337,8 @@ class DdpStepper final : public Stepper {
 }  // namespace
 
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg) {
+  if (cfg.parallel == "pipeline") return make_pipeline_stepper(cfg);
+  if (cfg.parallel == "tensor") return make_tensor_parallel_stepper(cfg);
   if (cfg.group) {
     TANDEM_CHECK(cfg.devices.size() == 1 && cfg.devices.front() == cfg.group->device(), Value,
                  "make_stepper: the ", cfg.group->backend(), " group works on ",

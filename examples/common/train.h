@@ -28,7 +28,11 @@ struct TrainConfig {
   std::function<std::shared_ptr<nn::Module>()> make_model;  // built on the CPU, moved by the driver
   std::string data_dir;
   std::vector<Device> devices;          // one entry: single-device training (or this rank's device)
-  std::string parallel = "scratch";     // scratch | dp (several devices only)
+  std::string parallel = "scratch";     // scratch | dp (several devices only) | pipeline
+  // --parallel pipeline: the model's layers cut into one stage per device (or per process of a
+  // job), each batch in micro_batches micro-batches, run by schedule (gpipe | 1f1b).
+  int64_t micro_batches = 1;
+  std::string schedule = "1f1b";
   std::string comm = "nccl";            // naive | ring | nccl (scratch path)
   int64_t epochs = 10;
   int64_t batch_size = 256;             // global batch, split across devices or processes

@@ -41,8 +41,19 @@
 //   syncbn --sizes a,b,..  SyncBatchNorm on shards of these sizes (0 allowed) equals one
 //                          process's batch norm on the whole batch ("syncbn ok ...")
 //   syncbn-kill [--kill-rank R] [--kill-step S]   rank R SIGKILLs itself before a forward
+//   pipeline [--schedule gpipe|1f1b] [--micro-batches M] [--adam] [--steps S] [--batch B]
+//            [--kill-rank R --kill-step S]
+//                          LeNet split into one stage per rank (ProcessPipeline); every rank also
+//                          trains the whole model in-process on the same batches and prints
+//                          "stage S max_rel_err X loss_err Y" for its stage's parameters
+//   pipeline-bench [--micro-batches M] [--steps S] [--width W] [--trace FILE]
+//                          a stage per rank of equal cost (Linear(W, W) + ReLU, 4 of them), a
+//                          batch of 256, 1F1B; rank 0 writes the merged timeline of the steps
+//   pipeline-messages      2 ranks: a gradient of the wrong shape and an unexpected micro-batch
+//                          over ProcessBoundary; prints the errors ("caught: ...")
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +72,9 @@
 #include "parallel/sharded/fsdp.h"
 #include "parallel/sharded/zero_optimizer.h"
 #include "nn/sync_batchnorm.h"
+#include "nn/models/lenet.h"
+#include "parallel/pipeline/process_boundary.h"
+#include "parallel/trace.h"
 
 using namespace tandem;
 using namespace tandem::parallel::distributed;
@@ -936,6 +950,175 @@ void run_syncbn_kill(const std::shared_ptr<ProcessGroup>& group, const Flags& f)
     sum(sbn(x)).backward();
   }
 }
+
+// ---- one pipeline stage per process ------------------------------------------------------
+
+// max |a - b| / max(1, max |b|), as the tests' rel_error.
+double rel_err(const Tensor& a, const Tensor& b) {
+  const auto va = a.to(kCPU).to(kFloat64).to_vector<double>(), vb = b.to(kCPU).to(kFloat64).to_vector<double>();
+  double diff = 0, scale = 1;
+  for (size_t i = 0; i < va.size(); ++i) {
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return diff / scale;
+}
+
+// LeNet (12 layers) as {7, 5} on 2 ranks, {3, 3, 3, 3} on 4, else as even as possible.
+void run_pipeline(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  namespace pp = tandem::parallel::pipeline;
+  const int P = group->size(), s = group->rank();
+  const int M = int(f.num("--micro-batches", 4)), steps = int(f.num("--steps", 3));
+  const int64_t batch = f.num("--batch", 11);
+  const int kill_rank = int(f.num("--kill-rank", -1)), kill_step = int(f.num("--kill-step", 1));
+  std::string kind = "1f1b";
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--schedule") kind = f.args[i + 1];
+  auto make_model = [] {
+    Generator gen(21);
+    return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
+  };
+  auto make_opt = [&](std::vector<Tensor> ps) -> std::unique_ptr<nn::optim::Optimizer> {
+    if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
+    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
+  };
+  Generator data_gen(22);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < steps; ++i) {
+    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
+    std::vector<int64_t> labels(static_cast<size_t>(batch));
+    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
+    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
+  }
+  // The reference: the whole model on this process's CPU.
+  auto one = make_model();
+  std::vector<double> one_losses;
+  {
+    auto opt = make_opt(one->parameters());
+    for (const auto& [x, y] : batches) {
+      opt->zero_grad();
+      Tensor loss = cross_entropy(one->forward(x), y);
+      loss.backward();
+      opt->step();
+      one_losses.push_back(loss.item());
+    }
+  }
+  std::vector<int64_t> balance;
+  const int64_t layers = 12;
+  if (P == 2) balance = {7, 5};
+  else for (int k = 0; k < P; ++k) balance.push_back(layers / P + (k < layers % P ? 1 : 0));
+  auto model = make_model();
+  const pp::Stage stage = pp::stage_of_balance(*model, balance, s, g_device);
+  pp::ProcessPipeline pipe(stage, pp::schedule_by_name(kind, P, M),
+                           [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, group);
+  auto opt = make_opt(stage.module->parameters());
+  double loss_err = 0;
+  for (int k = 0; k < steps; ++k) {
+    if (s == kill_rank && k == kill_step) std::raise(SIGKILL);
+    opt->zero_grad();
+    std::vector<Tensor> per_micro_batch;
+    const double loss = pipe.step(batches[size_t(k)].first, batches[size_t(k)].second, &per_micro_batch).item();
+    require(per_micro_batch.size() == size_t(M), "one loss per micro-batch");
+    loss_err = std::max(loss_err, std::abs(loss - one_losses[size_t(k)]) / one_losses[size_t(k)]);
+    opt->step();
+  }
+  if (kill_rank >= 0) {  // the survivors go on until the failure reaches them
+    for (int k = 0; k < 100000; ++k) pipe.step(batches[0].first, batches[0].second);
+  }
+  // This stage's layers against the same layers of the one-device model.
+  double err = 0;
+  for (size_t l = stage.begin; l < stage.end; ++l) {
+    const auto a = (*model)[l]->parameters(), b = (*one)[l]->parameters();
+    require(a.size() == b.size(), "same layers");
+    for (size_t i = 0; i < a.size(); ++i) err = std::max(err, rel_err(a[i], b[i]));
+  }
+  {
+    NoGradGuard no_grad;
+    Tensor out = pipe.forward(batches[0].first);
+    require(rel_err(out, one->forward(batches[0].first)) < 1e-4, "forward equals the one-device model");
+  }
+  std::printf("stage %d max_rel_err %.3g loss_err %.3g in_flight %d\n", s, err, loss_err, pipe.max_in_flight());
+}
+
+// Stage 1 answers stage 0's activation [2, 3] with a gradient [3, 2], then stage 0 sends
+// micro-batch 1 where stage 1 waits for micro-batch 0: both receivers must say so.
+void run_pipeline_messages(const std::shared_ptr<ProcessGroup>& group) {
+  namespace pp = tandem::parallel::pipeline;
+  require(group->size() == 2, "2 ranks");
+  pp::ProcessBoundary b(group);
+  auto caught = [](const char* what, auto&& f) {
+    try {
+      f();
+      std::printf("%s: no error\n", what);
+    } catch (const Error& e) {
+      std::printf("caught %s: %s\n", what, e.what());
+    }
+  };
+  // The receiver stops at the header; the payload after it is drained by hand.
+  if (group->rank() == 0) {
+    b.send_activation(0, 0, ones({2, 3}));
+    caught("ShapeError", [&] { b.recv_grad(0, 0, kCPU); });
+    Tensor stale = zeros({3, 2});
+    group->recv(stale, 1)->wait();
+    b.finish();
+  } else {
+    require(b.recv_activation(1, 0, kCPU).shape() == Shape{2, 3}, "the activation's shape");
+    b.send_grad(1, 0, ones({3, 2}));
+    b.finish();
+  }
+  pp::ProcessBoundary b2(group);  // a fresh boundary: the next messages on the same channels
+  group->barrier();
+  if (group->rank() == 0) {
+    b2.send_activation(0, 1, ones({2, 3}));
+    group->barrier();  // rank 1 has read the header and stopped
+  } else {
+    caught("ValueError", [&] { b2.recv_activation(1, 0, kCPU); });
+    Tensor stale = zeros({2, 3});
+    group->recv(stale, 0)->wait();
+    group->barrier();
+  }
+  group->barrier();
+}
+
+// Equal stages, so the idle time is the schedule's bubble (and the messages), not an imbalance.
+void run_pipeline_bench(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
+  namespace pp = tandem::parallel::pipeline;
+  const int P = group->size(), s = group->rank();
+  const int M = int(f.num("--micro-batches", 4)), steps = int(f.num("--steps", 10));
+  const int64_t width = f.num("--width", 512), batch = 256;
+  std::string trace_path;
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--trace") trace_path = f.args[i + 1];
+  Generator gen(5);
+  auto model = std::make_shared<nn::Sequential>();
+  for (int k = 0; k < 4 * P; ++k) {
+    model->push_back(std::make_shared<nn::Linear>(width, width, true, gen));
+    model->push_back(std::make_shared<nn::ReLU>());
+  }
+  const pp::Stage stage = pp::stage_of_balance(*model, std::vector<int64_t>(size_t(P), 8), s, g_device);
+  pp::ProcessPipeline pipe(stage, pp::schedule_1f1b(P, M),
+                           [](const Tensor& out, const Tensor&) { return mean(out * out); }, group);
+  nn::optim::SGD opt(stage.module->parameters(), 1e-3);
+  parallel::Trace trace(g_device, s, "stage " + std::to_string(s));
+  Tensor x = randn({batch, width}, kFloat32, kCPU, &gen), y = zeros({batch}, kFloat32);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < steps; ++k) {
+    pipe.set_trace(k > 0 ? &trace : nullptr);  // the first step warms up
+    opt.zero_grad();
+    pipe.step(x, y);
+    opt.step();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("stage %d M %d steps %d: %.2f ms per step\n", s, M, steps, ms / steps);
+  if (!trace_path.empty()) {
+    group->store().set("bench-trace/" + std::to_string(s), trace.json());
+    if (s == 0) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < P; ++r) parts.push_back(group->store().get_string("bench-trace/" + std::to_string(r)));
+      parallel::write_merged_trace(trace_path, parts);
+    }
+  }
+  group->barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -971,6 +1154,9 @@ int main(int argc, char** argv) {
     else if (mode == "subgroup-kill") run_subgroup_kill(*ctx.group);
     else if (mode == "syncbn") run_syncbn(ctx.group, f);
     else if (mode == "syncbn-kill") run_syncbn_kill(ctx.group, f);
+    else if (mode == "pipeline") run_pipeline(ctx.group, f);
+    else if (mode == "pipeline-bench") run_pipeline_bench(ctx.group, f);
+    else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {

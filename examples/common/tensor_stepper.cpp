@@ -1,0 +1,162 @@
+// The tensor-parallel stepper (--parallel tensor, the devices of one process): the first
+// Linear -> activation -> Linear of the model split Megatron's way (parallel/tensor_parallel.h),
+// the first Linear by output features (ColumnParallelLinear), the second by input features
+// (RowParallelLinear), the activation applied per shard; the layers before and after are
+// replicated on every device. Every device computes the same loss from the same batch, and one
+// backward of the sum seeds each with 1 (Note [tensor-parallel ranks in one graph]), so the
+// replicas receive the whole gradient and stay equal under one optimizer over all parameters;
+// the numbers are the one-device run's up to rounding.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "common/stepper.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "parallel/comm.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tandem::examples {
+
+namespace {
+
+// Evaluation through the split model.
+class TensorParallelForward final : public nn::Module {
+ public:
+  explicit TensorParallelForward(std::function<Tensor(const Tensor&)> fn) : fn_(std::move(fn)) {}
+  std::shared_ptr<nn::Module> clone() const override {
+    TANDEM_THROW(Value, "a tensor-parallel evaluation module cannot be cloned");
+  }
+  std::string name() const override { return "TensorParallel"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return fn_(x); }
+
+ private:
+  std::function<Tensor(const Tensor&)> fn_;
+};
+
+class TensorParallelStepper final : public Stepper {
+ public:
+  explicit TensorParallelStepper(const TrainConfig& cfg) : devices_(cfg.devices) {
+    auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+    TANDEM_CHECK(model != nullptr, Value, "--parallel tensor: ", cfg.model_name,
+                 " is not a Sequential");
+    const int64_t at = tensor_parallel_split_point(*model, static_cast<int64_t>(devices_.size()));
+    TANDEM_CHECK(at >= 0, Value, "--parallel tensor: ", cfg.model_name,
+                 " has no Linear -> activation -> Linear that splits over ", devices_.size(),
+                 " devices");
+    comm_ = parallel::make_communicator(cfg.comm, devices_);
+    const auto i = static_cast<size_t>(at);
+    for (Device d : devices_) {
+      auto before = std::make_shared<nn::Sequential>(), after = std::make_shared<nn::Sequential>();
+      for (size_t l = 0; l < i; ++l) before->push_back((*model)[l]->clone());
+      for (size_t l = i + 3; l < model->size(); ++l) after->push_back((*model)[l]->clone());
+      auto act = (*model)[i + 1]->clone();
+      for (nn::Module* m : {static_cast<nn::Module*>(before.get()),
+                            static_cast<nn::Module*>(after.get()), act.get()}) {
+        m->to(d);
+        m->train();
+      }
+      before_.push_back(before);
+      after_.push_back(after);
+      act_.push_back(act);
+    }
+    fc1_ = std::make_unique<parallel::ColumnParallelLinear>(model->at<nn::Linear>(i), *comm_);
+    fc2_ = std::make_unique<parallel::RowParallelLinear>(model->at<nn::Linear>(i + 2), *comm_);
+    std::vector<Tensor> params;
+    for (size_t r = 0; r < devices_.size(); ++r) {
+      for (const Tensor& p : before_[r]->parameters()) params.push_back(p);
+      for (const Tensor& p : after_[r]->parameters()) params.push_back(p);
+    }
+    for (const Tensor& p : fc1_->parameters()) params.push_back(p);
+    for (const Tensor& p : fc2_->parameters()) params.push_back(p);
+    opt_ = make_optimizer(cfg, params);
+    eval_ =
+        std::make_shared<TensorParallelForward>([this](const Tensor& x) { return forward(x)[0]; });
+    eval_->to(devices_.front());
+  }
+
+  void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
+            const Tensor& correct) override {
+    set_training(true);
+    const data::Batch b = data.get(index);
+    opt_->zero_grad();
+    const std::vector<Tensor> outs = forward(b.x);
+    Tensor total;
+    Tensor loss0;
+    for (size_t r = 0; r < devices_.size(); ++r) {
+      Tensor loss = cross_entropy(outs[r], b.y.to(devices_[r]));
+      if (r == 0) loss0 = loss;
+      total = r == 0 ? loss : total + to_device(loss, devices_.front());
+    }
+    total.backward();
+    opt_->step();
+    kernels::axpby_(static_cast<double>(b.x.size(0)), loss0.detach(), 1.0, loss_sum);
+    kernels::count_correct(outs[0].detach(), b.y, correct);
+  }
+  void set_lr(double lr) override { opt_->set_lr(lr); }
+  nn::Module& eval_model() override {
+    set_training(false);  // step() sets training mode again
+    return *eval_;
+  }
+  // The replica on the first device (without the split layers): what check_weights reads.
+  nn::Module& model() override { return *before_.front(); }
+  nn::optim::Optimizer& optimizer() override { return *opt_; }
+
+  // The first i such that layers i, i + 1, i + 2 are Linear, a parameter-free activation and
+  // Linear, with fc1's outputs = fc2's inputs >= n (one feature per device at least); -1 if none.
+  static int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t n) {
+    for (size_t i = 0; i + 2 < model.size(); ++i) {
+      auto* a = dynamic_cast<nn::Linear*>(model[i].get());
+      auto* b = dynamic_cast<nn::Linear*>(model[i + 2].get());
+      const std::string act = model[i + 1]->name();
+      if (a && b && (act == "ReLU" || act == "Sigmoid") && a->out_features() == b->in_features() &&
+          a->out_features() >= n)
+        return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
+
+ private:
+  std::vector<Tensor> forward(const Tensor& x) {
+    std::vector<Tensor> hs;
+    for (size_t r = 0; r < devices_.size(); ++r)
+      hs.push_back(before_[r]->forward(x.to(devices_[r])));
+    std::vector<Tensor> a = (*fc1_)(hs);
+    for (size_t r = 0; r < a.size(); ++r) a[r] = act_[r]->forward(a[r]);
+    std::vector<Tensor> b = (*fc2_)(a);
+    for (size_t r = 0; r < b.size(); ++r) b[r] = after_[r]->forward(b[r]);
+    return b;
+  }
+  void set_training(bool on) {
+    for (size_t r = 0; r < devices_.size(); ++r) {
+      before_[r]->train(on);
+      after_[r]->train(on);
+    }
+  }
+
+  std::vector<Device> devices_;
+  std::unique_ptr<parallel::Communicator> comm_;
+  std::vector<std::shared_ptr<nn::Sequential>> before_, after_;
+  std::vector<std::shared_ptr<nn::Module>> act_;
+  std::unique_ptr<parallel::ColumnParallelLinear> fc1_;
+  std::unique_ptr<parallel::RowParallelLinear> fc2_;
+  std::unique_ptr<nn::optim::Optimizer> opt_;
+  std::shared_ptr<TensorParallelForward> eval_;
+};
+
+}  // namespace
+
+int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t num_devices) {
+  return TensorParallelStepper::tensor_parallel_split_point(model, num_devices);
+}
+
+std::unique_ptr<Stepper> make_tensor_parallel_stepper(const TrainConfig& cfg) {
+  return std::make_unique<TensorParallelStepper>(cfg);
+}
+
+}  // namespace tandem::examples
