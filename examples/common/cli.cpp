@@ -89,7 +89,7 @@ void configure_pipeline(const Args& args, TrainConfig& cfg) {
 // process, or the processes of the job.
 void check_pipeline_model(const TrainConfig& cfg, const std::string& description) {
   if (cfg.parallel == "tensor") {
-    auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+    auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
     const auto n = static_cast<int64_t>(cfg.devices.size());
     if (!model || tensor_parallel_split_point(*model, n) < 0)
       throw ArgsError("--parallel tensor: " + description + " has no Linear -> ReLU/Sigmoid -> Linear whose " +
@@ -97,7 +97,7 @@ void check_pipeline_model(const TrainConfig& cfg, const std::string& description
     return;
   }
   if (cfg.parallel != "pipeline") return;
-  auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+  auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
   if (!model) throw ArgsError("--parallel pipeline cuts a Sequential into stages; " + description + " is not one");
   const int64_t stages =
       cfg.distributed ? parallel::distributed::read_dist_env().world_size : static_cast<int64_t>(cfg.devices.size());

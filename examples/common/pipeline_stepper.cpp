@@ -37,8 +37,8 @@ namespace pp = parallel::pipeline;
 
 constexpr int64_t kTracedPipelineSteps = 5;
 
-std::shared_ptr<nn::Sequential> build_sequential(const TrainConfig& cfg) {
-  auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+std::shared_ptr<nn::SequentialImpl> build_sequential(const TrainConfig& cfg) {
+  auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
   TANDEM_CHECK(model != nullptr, Value, "--parallel pipeline cuts a Sequential model into stages; ",
                cfg.model_name, " is not one");
   return model;
@@ -130,7 +130,7 @@ class PipelineStepper final : public Stepper {
   }
 
   TrainConfig cfg_;
-  std::shared_ptr<nn::Sequential> model_;
+  std::shared_ptr<nn::SequentialImpl> model_;
   Device home_;
   std::vector<pp::Stage> stages_;
   std::map<int, std::unique_ptr<pp::Pipeline>> pipes_;
@@ -220,7 +220,7 @@ class ProcessPipelineStepper final : public Stepper {
 
   TrainConfig cfg_;
   std::shared_ptr<parallel::distributed::ProcessGroup> group_;
-  std::shared_ptr<nn::Sequential> model_;
+  std::shared_ptr<nn::SequentialImpl> model_;
   Device device_;
   pp::Stage stage_;
   std::map<int, std::unique_ptr<pp::ProcessPipeline>> pipes_;

@@ -76,7 +76,7 @@ std::unique_ptr<Stepper> make_pipeline_stepper(const TrainConfig& cfg);
 std::unique_ptr<Stepper> make_tensor_parallel_stepper(const TrainConfig& cfg);
 // Where that split starts in `model` for num_devices devices (the first Linear's index), or -1
 // when the model has no such layers with at least num_devices features between them.
-int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t num_devices);
+int64_t tensor_parallel_split_point(const nn::SequentialImpl& model, int64_t num_devices);
 
 // cfg.optimizer ("sgd" or "adam") over params with cfg's lr, momentum and weight decay;
 // capturable for a step replayed from a CUDA graph (Note [capturable optimizer steps]).

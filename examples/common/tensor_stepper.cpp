@@ -42,7 +42,7 @@ class TensorParallelForward final : public nn::Module {
 class TensorParallelStepper final : public Stepper {
  public:
   explicit TensorParallelStepper(const TrainConfig& cfg) : devices_(cfg.devices) {
-    auto model = std::dynamic_pointer_cast<nn::Sequential>(cfg.make_model());
+    auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
     TANDEM_CHECK(model != nullptr, Value, "--parallel tensor: ", cfg.model_name,
                  " is not a Sequential");
     const int64_t at = tensor_parallel_split_point(*model, static_cast<int64_t>(devices_.size()));
@@ -52,7 +52,7 @@ class TensorParallelStepper final : public Stepper {
     comm_ = parallel::make_communicator(cfg.comm, devices_);
     const auto i = static_cast<size_t>(at);
     for (Device d : devices_) {
-      auto before = std::make_shared<nn::Sequential>(), after = std::make_shared<nn::Sequential>();
+      auto before = std::make_shared<nn::SequentialImpl>(), after = std::make_shared<nn::SequentialImpl>();
       for (size_t l = 0; l < i; ++l) before->push_back((*model)[l]->clone());
       for (size_t l = i + 3; l < model->size(); ++l) after->push_back((*model)[l]->clone());
       auto act = (*model)[i + 1]->clone();
@@ -109,7 +109,7 @@ class TensorParallelStepper final : public Stepper {
 
   // The first i such that layers i, i + 1, i + 2 are Linear, a parameter-free activation and
   // Linear, with fc1's outputs = fc2's inputs >= n (one feature per device at least); -1 if none.
-  static int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t n) {
+  static int64_t tensor_parallel_split_point(const nn::SequentialImpl& model, int64_t n) {
     for (size_t i = 0; i + 2 < model.size(); ++i) {
       auto* a = dynamic_cast<nn::Linear*>(model[i].get());
       auto* b = dynamic_cast<nn::Linear*>(model[i + 2].get());
@@ -141,7 +141,7 @@ class TensorParallelStepper final : public Stepper {
 
   std::vector<Device> devices_;
   std::unique_ptr<parallel::Communicator> comm_;
-  std::vector<std::shared_ptr<nn::Sequential>> before_, after_;
+  std::vector<std::shared_ptr<nn::SequentialImpl>> before_, after_;
   std::vector<std::shared_ptr<nn::Module>> act_;
   std::unique_ptr<parallel::ColumnParallelLinear> fc1_;
   std::unique_ptr<parallel::RowParallelLinear> fc2_;
@@ -151,7 +151,7 @@ class TensorParallelStepper final : public Stepper {
 
 }  // namespace
 
-int64_t tensor_parallel_split_point(const nn::Sequential& model, int64_t num_devices) {
+int64_t tensor_parallel_split_point(const nn::SequentialImpl& model, int64_t num_devices) {
   return TensorParallelStepper::tensor_parallel_split_point(model, num_devices);
 }
 

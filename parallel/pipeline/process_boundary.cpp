@@ -123,7 +123,7 @@ void ProcessBoundary::finish() {
   for (Pending& p : pending) p.work->wait();
 }
 
-Stage stage_of_balance(const nn::Sequential& model, const std::vector<int64_t>& balance, int stage,
+Stage stage_of_balance(const nn::SequentialImpl& model, const std::vector<int64_t>& balance, int stage,
                        Device device) {
   const auto P = balance.size();
   TANDEM_CHECK(P >= 1 && P <= model.size(), Value, "stage_of_balance: ", P,
@@ -142,7 +142,7 @@ Stage stage_of_balance(const nn::Sequential& model, const std::vector<int64_t>& 
                balance_str(balance), " adds up to ", total, " layers but the Sequential has ",
                model.size());
   const size_t end = begin + static_cast<size_t>(balance[static_cast<size_t>(stage)]);
-  auto piece = std::make_shared<nn::Sequential>();
+  auto piece = std::make_shared<nn::SequentialImpl>();
   for (size_t i = begin; i < end; ++i) piece->push_back(model[i]);
   piece->train(model.is_training());
   piece->to(device);

@@ -75,7 +75,7 @@ class ProcessBoundary : public Boundary {
 // Stage `stage` of split_by_balance(model, balance, ...) alone, moved to `device`: what one
 // process of a pipeline holds (the model's other layers stay where they are). ValueError as
 // split_by_balance for a bad balance, and for a stage outside [0, balance.size()).
-Stage stage_of_balance(const nn::Sequential& model, const std::vector<int64_t>& balance, int stage,
+Stage stage_of_balance(const nn::SequentialImpl& model, const std::vector<int64_t>& balance, int stage,
                        Device device);
 
 // This process's stage of a pipeline of group->size() processes.

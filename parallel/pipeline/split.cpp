@@ -13,7 +13,7 @@ std::string balance_str(const std::vector<int64_t>& balance) {
   return s + "]";
 }
 
-std::vector<Stage> split_by_balance(const nn::Sequential& model,
+std::vector<Stage> split_by_balance(const nn::SequentialImpl& model,
                                     const std::vector<int64_t>& balance,
                                     const std::vector<Device>& devices) {
   const auto layers = static_cast<int64_t>(model.size());
@@ -37,7 +37,7 @@ std::vector<Stage> split_by_balance(const nn::Sequential& model,
   size_t begin = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
     const size_t end = begin + static_cast<size_t>(balance[s]);
-    auto piece = std::make_shared<nn::Sequential>();
+    auto piece = std::make_shared<nn::SequentialImpl>();
     for (size_t i = begin; i < end; ++i) piece->push_back(model[i]);
     piece->train(model.is_training());
     piece->to(devices[s]);
@@ -47,7 +47,7 @@ std::vector<Stage> split_by_balance(const nn::Sequential& model,
   return stages;
 }
 
-std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_stages) {
+std::vector<int64_t> balance_by_parameters(const nn::SequentialImpl& model, int num_stages) {
   const size_t L = model.size();
   TANDEM_CHECK(num_stages >= 1, Value, "balance_by_parameters: num_stages must be >= 1, got ",
                num_stages);
@@ -83,7 +83,7 @@ std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_
   return balance;
 }
 
-std::vector<Stage> split_by_parameters(const nn::Sequential& model,
+std::vector<Stage> split_by_parameters(const nn::SequentialImpl& model,
                                        const std::vector<Device>& devices) {
   TANDEM_CHECK(!devices.empty(), Value, "split_by_parameters: empty device list");
   return split_by_balance(model, balance_by_parameters(model, static_cast<int>(devices.size())),

@@ -22,7 +22,7 @@
 namespace tandem::parallel::pipeline {
 
 struct Stage {
-  std::shared_ptr<nn::Sequential> module;  // layers [begin, end) of the model
+  std::shared_ptr<nn::SequentialImpl> module;  // layers [begin, end) of the model
   Device device;                           // where module now lives
   size_t begin = 0, end = 0;
 };
@@ -31,7 +31,7 @@ struct Stage {
 // when balance and devices differ in length, an entry is < 1, the entries do not add up to
 // model.size(), or there are more stages than layers; the device list is checked as
 // DeviceWorkers checks it (check_device_list).
-std::vector<Stage> split_by_balance(const nn::Sequential& model,
+std::vector<Stage> split_by_balance(const nn::SequentialImpl& model,
                                     const std::vector<int64_t>& balance,
                                     const std::vector<Device>& devices);
 
@@ -39,10 +39,10 @@ std::vector<Stage> split_by_balance(const nn::Sequential& model,
 // parameter count (numel) is as small as possible: an exact small dynamic program over the
 // cut points, ties broken towards the earlier cut. ValueError for num_stages < 1 or more
 // stages than layers.
-std::vector<int64_t> balance_by_parameters(const nn::Sequential& model, int num_stages);
+std::vector<int64_t> balance_by_parameters(const nn::SequentialImpl& model, int num_stages);
 
 // split_by_balance(model, balance_by_parameters(model, devices.size()), devices).
-std::vector<Stage> split_by_parameters(const nn::Sequential& model,
+std::vector<Stage> split_by_parameters(const nn::SequentialImpl& model,
                                        const std::vector<Device>& devices);
 
 // "[2, 2, 8]" for messages.

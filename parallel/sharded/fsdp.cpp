@@ -71,7 +71,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     }
     return out;
   };
-  sequential_ = dynamic_cast<nn::Sequential*>(module_.get()) != nullptr;
+  sequential_ = dynamic_cast<nn::SequentialImpl*>(module_.get()) != nullptr;
   if (sequential_) {
     for (const auto& [name, child] : module_->named_children()) {
       if (trainable(*child).empty()) {

@@ -1088,7 +1088,7 @@ void run_pipeline_bench(const std::shared_ptr<ProcessGroup>& group, const Flags&
   std::string trace_path;
   for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--trace") trace_path = f.args[i + 1];
   Generator gen(5);
-  auto model = std::make_shared<nn::Sequential>();
+  auto model = std::make_shared<nn::SequentialImpl>();
   for (int k = 0; k < 4 * P; ++k) {
     model->push_back(std::make_shared<nn::Linear>(width, width, true, gen));
     model->push_back(std::make_shared<nn::ReLU>());

@@ -74,10 +74,10 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
   for (bool fuse : {false, true}) {
     set_fuse_bn_relu(fuse);
     set_fuse_conv_bias(fuse);
-    auto a = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+    auto a = std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
         std::make_shared<nn::Conv2d>(2, 3, 3, 1, 1, true, gen), std::make_shared<nn::BatchNorm2d>(3),
         std::make_shared<nn::ReLU>()});
-    auto b = std::dynamic_pointer_cast<nn::Sequential>(a->clone());
+    auto b = std::dynamic_pointer_cast<nn::SequentialImpl>(a->clone());
     nn::convert_sync_batchnorm(b, job.group);
     REQUIRE(count_modules<nn::SyncBatchNorm>(*b) == 1);
     const Tensor x = randn({4, 2, 5, 5}, kFloat32, kCPU, &gen);

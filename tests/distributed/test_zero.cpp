@@ -50,7 +50,7 @@ struct OneRank {
 
 std::shared_ptr<nn::Module> small_net(uint64_t seed) {
   Generator gen(seed);
-  auto seq = std::make_shared<nn::Sequential>();
+  auto seq = std::make_shared<nn::SequentialImpl>();
   seq->push_back(std::make_shared<nn::Linear>(5, 7, true, gen));
   seq->push_back(std::make_shared<nn::ReLU>());
   seq->push_back(std::make_shared<nn::Linear>(7, 3, true, gen));

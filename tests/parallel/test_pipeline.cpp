@@ -37,7 +37,7 @@ OptFactory adam() {
       [](std::vector<Tensor> ps) { return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3); };
 }
 
-std::shared_ptr<nn::Sequential> make_lenet() {
+std::shared_ptr<nn::SequentialImpl> make_lenet() {
   Generator gen(21);
   return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
 }
@@ -54,7 +54,7 @@ LossFn ce() {
 }
 
 struct Run {
-  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<nn::SequentialImpl> model;
   std::vector<double> losses;
 };
 
@@ -157,7 +157,7 @@ TEST_CASE("pipeline: BatchNorm normalizes each micro-batch by its own statistics
   // the running statistics are updated once per micro-batch (num_batches_tracked counts M).
   auto make = [] {
     Generator gen(41);
-    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+    return std::make_shared<nn::SequentialImpl>(std::initializer_list<std::shared_ptr<nn::Module>>{
         std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, true, gen),
         std::make_shared<nn::BatchNorm2d>(4), std::make_shared<nn::ReLU>(),
         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(4 * 6 * 6, 3, true, gen)});

@@ -10,8 +10,8 @@ using namespace tandem::parallel::pipeline;
 
 namespace {
 
-std::shared_ptr<nn::Sequential> linears(const std::vector<int64_t>& in_features, Generator& gen) {
-  auto seq = std::make_shared<nn::Sequential>();
+std::shared_ptr<nn::SequentialImpl> linears(const std::vector<int64_t>& in_features, Generator& gen) {
+  auto seq = std::make_shared<nn::SequentialImpl>();
   for (int64_t in : in_features) seq->push_back(std::make_shared<nn::Linear>(in, 5, true, gen));
   return seq;
 }

@@ -138,15 +138,15 @@ namespace {
 struct TensorParallelLeNet {
   std::vector<Device> devices;
   std::unique_ptr<Communicator> comm;
-  std::vector<std::shared_ptr<nn::Sequential>> features;  // layers 0..6 per device
+  std::vector<std::shared_ptr<nn::SequentialImpl>> features;  // layers 0..6 per device
   std::vector<std::shared_ptr<nn::Module>> head;          // layer 11 per device
   std::unique_ptr<ColumnParallelLinear> fc1;
   std::unique_ptr<RowParallelLinear> fc2;
 
-  TensorParallelLeNet(const nn::Sequential& lenet, int n)
+  TensorParallelLeNet(const nn::SequentialImpl& lenet, int n)
       : devices(cpu_devices(n)), comm(make_communicator("ring", devices)) {
     for (Device d : devices) {
-      auto f = std::make_shared<nn::Sequential>();
+      auto f = std::make_shared<nn::SequentialImpl>();
       for (size_t i = 0; i < 7; ++i) f->push_back(lenet[i]->clone());
       f->to(d);
       features.push_back(f);
