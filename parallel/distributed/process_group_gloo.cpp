@@ -10,6 +10,7 @@
 #include "parallel/distributed/process_group_backends.h"
 
 #ifdef TANDEM_WITH_GLOO
+#include <signal.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -220,11 +221,26 @@ gloo::transport::tcp::attr transport_attr(const std::string& master_addr) {
   return attr;
 }
 
+// Note [SIGPIPE and Gloo]: Gloo's TCP pairs write with writev, which has no MSG_NOSIGNAL, so
+// writing to a peer that has just died raises SIGPIPE, whose default action ends this process
+// silently (exit status 141) instead of letting the group report "rank 1 is gone". A Python
+// program never sees this because Python ignores SIGPIPE at startup; a C++ program must do it
+// itself. A Gloo group therefore ignores SIGPIPE when it still has its default action (a handler
+// the program installed is left alone): the write then fails with EPIPE, which Gloo turns into
+// the error the group reports.
+void ignore_default_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 class ProcessGroupGloo final : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options,
                    const std::string& master_addr, std::vector<int> global_ranks)
       : ProcessGroup(std::move(store), rank, size, options, std::move(global_ranks)), master_addr_(master_addr) {
+    ignore_default_sigpipe();
     try {
       device_ = gloo::transport::tcp::CreateDevice(transport_attr(master_addr));
       context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);

@@ -3,6 +3,8 @@
 // group, aborting Gloo, the monitor thread's device, how in-flight errors are reported, and the
 // lock-free settle of a non-blocking communicator. The same over real processes is in
 // test_subgroups.cpp and test_ddp.cpp.
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -303,6 +305,30 @@ TEST_CASE("The monitor of a Gloo group runs under the CPU", "[dist][gloo]") {
   auto store = lone_store();
   auto pg = new_process_group("gloo", store, 0, 1, quick());
   RANK_CHECK(pg->monitor_device() == kCPU);
+}
+
+extern "C" void test_sigpipe_handler(int) {}
+
+TEST_CASE("A Gloo group ignores SIGPIPE unless the program handles it (Note [SIGPIPE and Gloo])",
+          "[dist][gloo]") {
+  struct sigaction saved {};
+  REQUIRE(sigaction(SIGPIPE, nullptr, &saved) == 0);
+  auto disposition = [] {
+    struct sigaction now {};
+    sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  SECTION("the default action becomes ignore: a dead peer is an error, not exit status 141") {
+    ::signal(SIGPIPE, SIG_DFL);
+    auto pg = new_process_group("gloo", lone_store(), 0, 1, quick());
+    CHECK(disposition() == SIG_IGN);
+  }
+  SECTION("a handler the program installed stays") {
+    ::signal(SIGPIPE, test_sigpipe_handler);
+    auto pg = new_process_group("gloo", lone_store(), 0, 1, quick());
+    CHECK(disposition() == test_sigpipe_handler);
+  }
+  sigaction(SIGPIPE, &saved, nullptr);
 }
 
 #endif  // TANDEM_WITH_GLOO
