@@ -49,7 +49,7 @@ DataPtr allocate_cpu(size_t nbytes) {
 // Runs on every allocation: the common case is one atomic load, no lock.
 std::atomic<bool> g_pool_ready[kMaxTrackedDevices];
 
-void prepare_pool(int index) {
+void prepare_pool(int index) {  // a physical ordinal: the pool is the GPU's
   if (g_pool_ready[index].load(std::memory_order_acquire)) return;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
@@ -137,7 +137,7 @@ DataPtr allocate_cuda(Device d, size_t nbytes) {
   check_device_exists(d);
   TANDEM_CHECK(d.index < kMaxTrackedDevices, Device, "device ", d.str(), " index too large");
   DeviceGuard guard(d);
-  prepare_pool(d.index);
+  prepare_pool(physical_cuda_index(d));
   if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
   cudaStream_t stream = current_cuda_stream(d);
   void* p = nullptr;

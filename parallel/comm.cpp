@@ -55,7 +55,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& name,
 
 std::vector<std::string> communicator_names(const std::vector<Device>& devices) {
   std::vector<std::string> names = {"naive", "ring"};
-  if (!devices.empty() && devices[0].is_cuda() && nccl_available()) names.push_back("nccl");
+  if (!devices.empty() && devices[0].is_cuda() && nccl_available() && !shares_a_gpu(devices))
+    names.push_back("nccl");
   return names;
 }
 

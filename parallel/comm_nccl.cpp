@@ -20,10 +20,19 @@ namespace tandem::parallel {
 
 namespace {
 void require_cuda_devices(const std::vector<Device>& devices) {
-  for (Device d : devices) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const Device d = devices[i];
     TANDEM_CHECK(d.is_cuda(), Device, "nccl communicator: ", d.str(),
                  " is a CPU device; NCCL only runs on GPUs, use the \"naive\" or \"ring\" "
                  "communicator for CPU devices");
+    // NCCL refuses two ranks on one GPU ("invalid usage"); say so before it does.
+    for (size_t j = 0; j < i; ++j) {
+      TANDEM_CHECK(d == devices[j] || !same_physical_device(d, devices[j]), Device,
+                   "nccl communicator: ", devices[j].str(), " and ", d.str(),
+                   " are virtual devices on the same GPU ", physical_cuda_index(d),
+                   ", and NCCL refuses two ranks on one GPU; use --comm ring or --comm naive "
+                   "(the \"ring\" or \"naive\" communicator)");
+    }
   }
 }
 }  // namespace
@@ -62,7 +71,7 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices)
   // setting in the environment wins.
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   std::vector<int> ids;
-  for (Device d : this->devices()) ids.push_back(d.index);
+  for (Device d : this->devices()) ids.push_back(physical_cuda_index(d));
   std::vector<ncclComm_t> comms(ids.size());
   TANDEM_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(ids.size()), ids.data()));
   comms_.assign(comms.begin(), comms.end());

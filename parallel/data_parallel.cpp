@@ -105,7 +105,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   enable_peer_access(devices_);
   state_ = std::make_shared<State>(devices_);
   const std::string comm_name =
-      !comm.empty() ? comm : (devices_[0].is_cuda() && nccl_available() ? "nccl" : "naive");
+      !comm.empty() ? comm
+                    : (devices_[0].is_cuda() && nccl_available() && !shares_a_gpu(devices_) ? "nccl" : "naive");
   state_->comm = make_communicator(comm_name, devices_);
   state_->replicas = replicate(module_, devices_);
   State& s = *state_;

@@ -7,7 +7,9 @@
 // validated), synchronizing a list, and peer access between GPUs.
 //
 // Virtual CPU devices (cpu:0, cpu:1, ...) are as many as asked for: each is driven by its own
-// host thread in parallel code, so every multi-device path runs without a GPU.
+// host thread in parallel code, so every multi-device path runs without a GPU. Virtual CUDA
+// devices (several logical cuda:N on one GPU, `--devices cuda:0*2`) do the same on one GPU:
+// Note [virtual CUDA devices] in core/device.h.
 #include <string>
 #include <vector>
 
@@ -22,15 +24,22 @@ using ::tandem::cuda_device_count;
 using ::tandem::Device;
 using ::tandem::DeviceGuard;
 using ::tandem::nccl_available;
+using ::tandem::physical_cuda_device_count;
+using ::tandem::physical_cuda_index;
+using ::tandem::same_physical_device;
+using ::tandem::set_virtual_cuda_devices;
+using ::tandem::virtual_cuda_devices;
 using ::tandem::set_current_device;
 using ::tandem::synchronize;
 using ::tandem::synchronize_all;
 
-// Number of visible GPUs (0 without CUDA, driver or device; never throws). Like
+// Number of CUDA devices `cuda:N` may name: the visible GPUs, or the logical devices of an
+// installed virtual table (0 without CUDA, driver or device; never throws). Like
 // torch.cuda.device_count().
 inline int device_count() { return cuda_device_count(); }
 
-// cuda:0 .. cuda:n-1 (n = -1: every visible GPU). DeviceError when fewer than n exist.
+// cuda:0 .. cuda:n-1 (n = -1: every CUDA device, logical ones included). DeviceError when fewer
+// than n exist.
 std::vector<Device> cuda_devices(int n = -1);
 // cpu:0 .. cpu:n-1 (virtual CPU devices). ValueError when n < 1.
 std::vector<Device> cpu_devices(int n);
@@ -41,6 +50,9 @@ std::vector<Device> cuda_or_cpu_devices(int n);
 // Throws (naming `who` and the list) unless `devices` is a usable device list: not empty, no
 // device twice, not CPU and CUDA mixed (ValueError), every device exists (DeviceError).
 void check_device_list(const std::vector<Device>& devices, const std::string& who);
+// True when two devices of the list are logical CUDA devices on one GPU (`cuda:0*2`): the
+// nccl communicator cannot serve such a list, the ring and naive ones can.
+bool shares_a_gpu(const std::vector<Device>& devices);
 // "[cpu:0, cpu:1]" for messages.
 std::string devices_str(const std::vector<Device>& devices);
 
@@ -52,6 +64,7 @@ void synchronize(const std::vector<Device>& devices);
 // (Note [peer access and memory pools]); already enabled pairs are fine. Communicators,
 // ScratchTrainer and DataParallel call it for their devices. Returns true when every pair has it,
 // false when some pair cannot (copies between those then go through the host, still correct).
+// Pairs of logical devices on one GPU are skipped: they need no peer access.
 // A no-op returning true for CPU devices and single devices.
 bool enable_peer_access(const std::vector<Device>& devices);
 

@@ -10,7 +10,9 @@
 //   workers.run([&](size_t rank) { losses[rank] = step(replicas[rank], shards[rank]); });
 //
 // For each run(), worker `rank`:
-//   - has devices[rank] as its current device (DeviceGuard semantics, cudaSetDevice on GPUs);
+//   - has devices[rank] as its current device (DeviceGuard semantics, cudaSetDevice with the
+//     device's physical ordinal on GPUs: two workers may share a GPU, Note [virtual CUDA
+//     devices] in core/device.h);
 //   - uses the caller's current stream of its device, so work it enqueues is ordered after
 //     what the caller enqueued (e.g. the scatter of the batch) and before what the caller
 //     enqueues afterwards (e.g. the allreduce);

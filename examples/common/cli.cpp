@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "data/fashion_mnist.h"
 #include "nn/container.h"
+#include "parallel/device_api.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/process_group.h"
 #include "nn/sync_batchnorm.h"
@@ -130,14 +131,15 @@ std::string where(const TrainConfig& cfg) {
 void add_common_flags(Args& args) {
   args.option("data", data::kFashionMnistDefaultDir, "folder with the Fashion-MNIST IDX files (.gz or raw)");
   args.option("device", "", "one device: cpu, cuda, cuda:N (default: a GPU if present, else cpu)");
-  args.option("devices", "", "several devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (data-parallel)");
+  args.option("devices", "", "several devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (data-parallel); cuda:0*2: two "
+                             "devices on one GPU");
   args.option("parallel", "scratch", "with several devices: scratch|dp (data-parallel) or pipeline (the layers cut "
                                      "into a stage per device, or per process under a launcher) or tensor (a Linear -> activation -> Linear split "
                                      "over the devices)");
   args.option("micro-batches", "1", "--parallel pipeline: micro-batches per batch");
   args.option("schedule", "1f1b", "--parallel pipeline: gpipe|1f1b");
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
-                              "ring on CPU devices)");
+                              "ring on CPU devices and on devices that share a GPU)");
   args.option("epochs", "10", "training epochs");
   args.option("batch-size", "256", "global minibatch size, split across devices or processes (not per process as "
                                    "in PyTorch's DDP tutorials)");
@@ -186,7 +188,8 @@ void configure_common(const Args& args, TrainConfig& cfg) {
     cfg.devices = parse_devices_flag(args);
     cfg.parallel = args.choice("parallel", {"scratch", "dp", "pipeline", "tensor"});
     cfg.comm = args.choice("comm", {"naive", "ring", "nccl"});
-    if (!args.given("comm") && cfg.devices.front().is_cpu()) cfg.comm = "ring";
+    if (!args.given("comm") && (cfg.devices.front().is_cpu() || parallel::shares_a_gpu(cfg.devices)))
+      cfg.comm = "ring";
   }
   cfg.data_dir = args.str("data");
   cfg.cuda_graph = !args.on("no-cuda-graph");

@@ -325,6 +325,9 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
 // resident blocks each), for grid-stride loops that should loop rather than launch more blocks.
 inline int64_t one_wave_blocks() {
   static std::atomic<int> cached[64] = {};
+  // cudaGetDevice answers the physical ordinal (DeviceGuard set it from the logical device,
+  // Note [virtual CUDA devices]), which is what cudaDeviceGetAttribute takes and what the
+  // cache is keyed by: logical devices on one GPU share its count.
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
   std::atomic<int>& slot = cached[device & 63];

@@ -40,11 +40,12 @@ void CudaBackend::memcpy(void* dst, Device dst_device, const void* src, Device s
   }
   DeviceGuard guard(dst_device);
   cudaStream_t stream = current_cuda_stream(dst_device);
-  if (dst_device == src_device) {
+  // Two logical devices on one GPU copy like one device (Note [virtual CUDA devices]).
+  const int dst_gpu = physical_cuda_index(dst_device), src_gpu = physical_cuda_index(src_device);
+  if (dst_gpu == src_gpu) {
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream));
   } else {
-    TANDEM_CUDA_CHECK(
-        cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, stream));
+    TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_gpu, src, src_gpu, nbytes, stream));
   }
 }
 
