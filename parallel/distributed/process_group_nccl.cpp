@@ -269,8 +269,12 @@ class ProcessGroupNccl final : public ProcessGroup {
       std::lock_guard<std::mutex> lock(comm_mu_);
       if (r == ncclSuccess && aborted_) r = ncclInvalidUsage;
       if (r == ncclSuccess) {
-        // Finished collectives leave the list here too, not only when the monitor runs.
-        while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+        // Finished collectives leave the list here too, not only when the monitor runs; not
+        // while this thread captures a graph: querying an event there is an unsupported call
+        // that ends the capture (the monitor, another thread, still prunes the list).
+        if (!capturing) {
+          while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+        }
         done->record(comm_stream_);
         if (trace) {
           end.record(comm_stream_);
