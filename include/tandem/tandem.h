@@ -33,6 +33,7 @@
 // nn: modules, losses, init, optimizers, schedulers, models, checkpoints
 #include "nn/nn.h"
 #include "nn/optim/lr_scheduler.h"
+#include "nn/sync_batchnorm.h"
 
 // data: datasets, loaders, samplers, IDX files
 #include "data/dataloader.h"
