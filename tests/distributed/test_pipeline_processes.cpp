@@ -16,40 +16,23 @@
 #include <string>
 
 #include "catch.h"
+#include "distributed/worker_run.h"
 #include "data/data_test_util.h"
 #include "helpers.h"
 #include "parallel/distributed/launch.h"
 
 namespace {
 
+using Result = tandem::test::WorkerResult;
+using tandem::test::sh;
+std::string env(int timeout_s = 20) { return tandem::test::dist_timeout_env(timeout_s); }
+Result run(const tandem::test::TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
+  return tandem::test::run_workers(dir, n, args, timeout_s);
+}
+
 using tandem::test::contains;
 using tandem::test::TempDir;
 using Clock = std::chrono::steady_clock;
-
-struct Result {
-  int code;
-  std::string output;
-  double seconds;
-};
-
-Result sh(const TempDir& dir, const std::string& cmd) {
-  static int n = 0;
-  const std::string out = dir.file("out" + std::to_string(n++) + ".txt");
-  const auto t0 = Clock::now();
-  const int status = std::system((cmd + " > " + out + " 2>&1").c_str());
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str(), s};
-}
-
-std::string env(int timeout_s) { return "TANDEM_DIST_TIMEOUT=" + std::to_string(timeout_s) + " "; }
-
-Result run(const TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
-  return sh(dir, env(timeout_s) + TANDEM_RUN_PATH + std::string(" --standalone --grace-seconds 1 --nproc-per-node ") +
-                     std::to_string(n) + " " + TANDEM_DIST_WORKER_PATH + " " + args);
-}
 
 // Every "stage S max_rel_err X loss_err Y in_flight K" line: {S: {X, Y, K}}.
 struct StageLine {

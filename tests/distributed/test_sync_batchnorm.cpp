@@ -14,6 +14,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "catch.h"
+#include "distributed/worker_run.h"
 #include "core/cuda_graph.h"
 #include "core/generator.h"
 #include "data/data_test_util.h"
@@ -229,34 +230,17 @@ TEST_CASE("SyncBatchNorm without a process group: a clear error in training, Bat
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-  double seconds;
-};
-
-Result sh(const test::TempDir& dir, const std::string& cmd) {
-  static int n = 0;
-  const std::string out = dir.file("sbn" + std::to_string(n++) + ".txt");
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system((cmd + " > " + out + " 2>&1").c_str());
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str(), s};
+using Result = tandem::test::WorkerResult;
+using tandem::test::sh;
+std::string env(int timeout_s = 20) { return tandem::test::dist_timeout_env(timeout_s); }
+Result run(const tandem::test::TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
+  return tandem::test::run_workers(dir, n, args, timeout_s);
 }
 
 size_t count_of(const std::string& text, const std::string& part) {
   size_t k = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++k;
   return k;
-}
-
-Result run(const test::TempDir& dir, int n, const std::string& args, int timeout_s = 20) {
-  return sh(dir, "TANDEM_DIST_TIMEOUT=" + std::to_string(timeout_s) + " " + TANDEM_RUN_PATH +
-                     std::string(" --standalone --grace-seconds 1 --nproc-per-node ") + std::to_string(n) + " " +
-                     TANDEM_DIST_WORKER_PATH + " " + args);
 }
 
 }  // namespace
