@@ -367,6 +367,7 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
     // whose published progress shows they never started this collective. A rank that has not
     // published yet (progress goes out about once per monitor interval) is not accused.
     std::vector<std::string> dead, behind;
+    std::string aborted;  // what a rank that failed first published (the group's abort key)
     // A peer's death can reach this rank through the engine (a closed connection) a moment
     // before the store's server notices it: look again for a short while before giving up.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
@@ -385,7 +386,8 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
           }
         }
       }
-      if (!dead.empty() || !behind.empty()) break;
+      if (store_->check({kAbortKey})) aborted = store_->get_string(kAbortKey);
+      if (!dead.empty() || !behind.empty() || !aborted.empty()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } while (std::chrono::steady_clock::now() < give_up);
     auto join = [](const std::vector<std::string>& xs) {
@@ -395,6 +397,10 @@ std::string ProcessGroup::failure_message(const Call& c, const std::string& reas
     };
     if (!dead.empty()) os << "; " << join(dead) << (dead.size() > 1 ? " are" : " is") << " gone (left the store without a goodbye)";
     if (!behind.empty()) os << "; did not arrive: " << join(behind);
+    // A peer that failed (or left with collectives in flight) closes its connections as it
+    // aborts: this rank's engine may see that before the monitor reads the abort key, so the
+    // message carries the peer's own reason.
+    if (!aborted.empty()) os << "; another rank failed first: " << aborted;
   } catch (const std::exception& e) {
     os << " (the store could not say which ranks are missing: " << e.what() << ")";
   }

@@ -282,21 +282,30 @@ TEST_CASE("A rank that catches a collective's error and destroys its group does 
 }
 
 TEST_CASE("A group destroyed with a collective in flight aborts instead of saying goodbye", "[dist][gloo]") {
-  auto errors = run_ranks(2, [](int r, std::shared_ptr<TCPStore> store) {
-    auto pg = new_process_group("gloo", store, r, 2, quick(/*timeout_s=*/30));
+  std::atomic<bool> left{false};
+  // No fingerprints: the first collectives would otherwise wait in the call for the other rank's
+  // fingerprint (Note [collective fingerprints]), and rank 1's would not be in flight alone.
+  ProcessGroupOptions o = quick(/*timeout_s=*/30);
+  o.fingerprint_collectives = 0;
+  auto errors = run_ranks(2, [&](int r, std::shared_ptr<TCPStore> store) {
+    auto pg = new_process_group("gloo", store, r, 2, o);
     if (r == 1) {
       Tensor t = ones({4});
-      WorkPtr w = pg->allreduce(t);  // rank 0 has not joined: in flight
+      WorkPtr w = pg->allreduce(t);  // rank 0 never joins: in flight
       const auto t0 = Clock::now();
       pg.reset();
       RANK_CHECK(seconds_since(t0) < 2);  // aborted and joined, not Gloo's 30 s
       RANK_CHECK(w->is_completed());
+      left = true;
       return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    Tensor t = ones({4});
-    const std::string msg = caught<DistError>([&] { pg->allreduce(t)->wait(); });
+    // Rank 0 learns of it through the abort key rank 1 published as it left, promptly (its
+    // monitor reads the key every interval), without a collective of its own.
+    const auto t0 = Clock::now();
+    while (!left && seconds_since(t0) < 20) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const std::string msg = wait_for_failure(*pg);
     RANK_CHECK(test::contains(msg, "rank 1 of 2 left the group with collectives in flight"));
+    RANK_CHECK(seconds_since(t0) < 10);
   });
   for (const auto& e : errors) CHECK(e == "");
 }

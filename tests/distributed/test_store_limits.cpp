@@ -32,6 +32,17 @@ using tandem::test::contains;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// AddressSanitizer opens /proc/self/maps whenever a thread starts; with no descriptor left it
+// aborts the process itself (a CHECK inside the sanitizer), so the out-of-descriptors case runs
+// in the plain build only.
+#if defined(__SANITIZE_ADDRESS__)
+#define TANDEM_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TANDEM_TEST_UNDER_ASAN 1
+#endif
+#endif
+
 namespace {
 
 const std::string kHost = "127.0.0.1";
@@ -394,6 +405,10 @@ TEST_CASE("store: a client that pipelines large gets and never reads is dropped"
 }
 
 TEST_CASE("store: out of file descriptors, the server neither spins nor stops serving", "[dist]") {
+#ifdef TANDEM_TEST_UNDER_ASAN
+  WARN("skipped under AddressSanitizer, which itself needs file descriptors to start a thread");
+  return;
+#endif
   auto master = std::make_unique<TCPStore>(kHost, 0, TCPStoreOptions{true, 0, 2s, kJob});
   auto client =
       std::make_unique<TCPStore>(kHost, master->port(), TCPStoreOptions{false, 1, 2s, kJob});
