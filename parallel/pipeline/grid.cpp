@@ -45,7 +45,10 @@ GridPipeline::GridPipeline(Stage stage, Schedule schedule, LossFn loss_fn, const
             grid.pipeline_group()) {}
 
 Tensor GridPipeline::step(const Tensor& x, const Tensor& target, std::vector<Tensor>* losses) {
-  TANDEM_CHECK(x.defined() && x.dim() >= 1, Shape, "GridPipeline::step: need an input with a batch dim");
+  TANDEM_CHECK(x.defined() && target.defined() && x.dim() >= 1 && target.dim() >= 1, Shape,
+               "GridPipeline::step: need an input and a target with a batch dim");
+  TANDEM_CHECK(x.size(0) == target.size(0), Shape, "GridPipeline::step: input ", shape_str(x.shape()),
+               " and target ", shape_str(target.shape()), " differ in rows");
   const int64_t B = x.size(0);
   const int D = grid_.num_replicas(), M = pipe_.schedule().num_micro_batches;
   TANDEM_CHECK(B >= int64_t(D) * M, Value, "GridPipeline::step: a batch of ", B, " rows for ", D,

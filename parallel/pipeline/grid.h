@@ -63,7 +63,8 @@ class GridLayout {
 // replicas after every step (Note [grid gradient averaging]).
 class GridPipeline {
  public:
-  // ValueError as ProcessPipeline (the schedule has grid.num_stages() stages).
+  // ValueError as ProcessPipeline (the schedule has grid.num_stages() stages). `grid` must
+  // outlive the GridPipeline.
   GridPipeline(Stage stage, Schedule schedule, LossFn loss_fn, const GridLayout& grid);
 
   // One step on the global batch (x, target), the same on every rank: this replica's shard
