@@ -51,6 +51,10 @@
 //                          batch of 256, 1F1B; rank 0 writes the merged timeline of the steps
 //   pipeline-messages      2 ranks: a gradient of the wrong shape and an unexpected micro-batch
 //                          over ProcessBoundary; prints the errors ("caught: ...")
+//   grid [--stages P] [--replicas D] [--schedule ..] [--micro-batches M] [--adam] [--steps S]
+//        [--batch B] [--kill-rank R --kill-step S]
+//                          LeNet on a P x D grid (GridPipeline, rank = stage * D + replica) vs
+//                          one process; "grid stage S replica D max_rel_err X loss_err Y checksum C"
 //
 // Exit 0 when the check passed, 1 with "rank R: error: ..." on stderr otherwise.
 #include <chrono>
@@ -73,6 +77,7 @@
 #include "parallel/sharded/zero_optimizer.h"
 #include "nn/sync_batchnorm.h"
 #include "nn/models/lenet.h"
+#include "parallel/pipeline/grid.h"
 #include "parallel/pipeline/process_boundary.h"
 #include "parallel/trace.h"
 
@@ -1119,6 +1124,85 @@ void run_pipeline_bench(const std::shared_ptr<ProcessGroup>& group, const Flags&
   group->barrier();
 }
 
+// ---- pipeline stages x data-parallel replicas ---------------------------------------------
+
+// grid [--stages P] [--replicas D] [--schedule gpipe|1f1b] [--micro-batches M] [--adam]
+// [--steps S] [--batch B] [--kill-rank R --kill-step S]: LeNet as P stages ({7, 5} for 2) on
+// a P x D grid (GridPipeline); every rank also trains the whole model in-process on the same
+// global batches and prints "grid stage S replica D max_rel_err X loss_err Y checksum C" (C:
+// the stage's parameters summed, to compare the replicas of a stage).
+void run_grid(const std::shared_ptr<ProcessGroup>& world, const Flags& f) {
+  namespace pp = tandem::parallel::pipeline;
+  const int P = int(f.num("--stages", 2)), D = int(f.num("--replicas", 2));
+  const int M = int(f.num("--micro-batches", 2)), steps = int(f.num("--steps", 3));
+  const int64_t batch = f.num("--batch", 11);
+  const int kill_rank = int(f.num("--kill-rank", -1)), kill_step = int(f.num("--kill-step", 1));
+  std::string kind = "1f1b";
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--schedule") kind = f.args[i + 1];
+  pp::GridLayout grid(world, P, D);
+  require(grid.rank_of(grid.stage(), grid.replica()) == world->rank(), "rank = stage * D + replica");
+  auto make_model = [] {
+    Generator gen(21);
+    return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
+  };
+  auto make_opt = [&](std::vector<Tensor> ps) -> std::unique_ptr<nn::optim::Optimizer> {
+    if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
+    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
+  };
+  Generator data_gen(22);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < steps; ++i) {
+    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
+    std::vector<int64_t> labels(static_cast<size_t>(batch));
+    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
+    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
+  }
+  auto one = make_model();  // the reference: one process, the whole model, the global batch
+  std::vector<double> one_losses;
+  {
+    auto opt = make_opt(one->parameters());
+    for (const auto& [x, y] : batches) {
+      opt->zero_grad();
+      Tensor loss = cross_entropy(one->forward(x), y);
+      loss.backward();
+      opt->step();
+      one_losses.push_back(loss.item());
+    }
+  }
+  std::vector<int64_t> balance;
+  if (P == 2) balance = {7, 5};
+  else for (int k = 0; k < P; ++k) balance.push_back(12 / P + (k < 12 % P ? 1 : 0));
+  auto model = make_model();
+  const pp::Stage stage = pp::stage_of_balance(*model, balance, grid.stage(), g_device);
+  pp::GridPipeline pipe(stage, pp::schedule_by_name(kind, P, M),
+                        [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); }, grid);
+  auto opt = make_opt(stage.module->parameters());
+  double loss_err = 0;
+  for (int k = 0; k < steps; ++k) {
+    if (world->rank() == kill_rank && k == kill_step) std::raise(SIGKILL);
+    opt->zero_grad();
+    std::vector<Tensor> per_micro_batch;
+    const double loss = pipe.step(batches[size_t(k)].first, batches[size_t(k)].second, &per_micro_batch).item();
+    require(per_micro_batch.size() == size_t(M), "one loss per micro-batch");
+    loss_err = std::max(loss_err, std::abs(loss - one_losses[size_t(k)]) / one_losses[size_t(k)]);
+    opt->step();
+  }
+  if (kill_rank >= 0) {  // the survivors go on until the failure reaches them
+    for (int k = 0; k < 100000; ++k) pipe.step(batches[0].first, batches[0].second);
+  }
+  double err = 0, checksum = 0;
+  for (size_t l = stage.begin; l < stage.end; ++l) {
+    const auto a = (*model)[l]->parameters(), b = (*one)[l]->parameters();
+    require(a.size() == b.size(), "same layers");
+    for (size_t i = 0; i < a.size(); ++i) {
+      err = std::max(err, rel_err(a[i], b[i]));
+      for (double v : a[i].to(kCPU).to(kFloat64).to_vector<double>()) checksum += v;
+    }
+  }
+  std::printf("grid stage %d replica %d max_rel_err %.3g loss_err %.3g checksum %.17g\n", grid.stage(),
+              grid.replica(), err, loss_err, checksum);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1157,6 +1241,7 @@ int main(int argc, char** argv) {
     else if (mode == "pipeline") run_pipeline(ctx.group, f);
     else if (mode == "pipeline-bench") run_pipeline_bench(ctx.group, f);
     else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
+    else if (mode == "grid") run_grid(ctx.group, f);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {
