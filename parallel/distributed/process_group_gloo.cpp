@@ -393,20 +393,31 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   WorkPtr p2p(const Call& c, bool send) {
-    auto buf = context_->createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
-    // Slots pair a send with its recv: the k-th point-to-point call of every rank.
-    if (send) buf->send(c.peer, c.seq);
-    else buf->recv(c.peer, c.seq);
-    return std::make_shared<GlooP2PWork>(std::move(buf), send, options_.timeout,
-                                         [this, c](const std::string& reason, bool timeout) {
-                                           fail(failure_message(c, reason), timeout);
-                                           try {
-                                             check_healthy();
-                                           } catch (...) {
-                                             return std::current_exception();
-                                           }
-                                           return std::exception_ptr();
-                                         });
+    auto fail_call = [this, c](const std::string& reason, bool timeout) {
+      fail(failure_message(c, reason), timeout);
+      try {
+        check_healthy();
+      } catch (...) {
+        return std::current_exception();
+      }
+      return std::exception_ptr();
+    };
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    try {
+      buf = context_->createUnboundBuffer(c.t.raw_data(), c.t.nbytes());
+      // Slots pair a send with its recv: the k-th point-to-point call of every rank.
+      if (send) buf->send(c.peer, c.seq);
+      else buf->recv(c.peer, c.seq);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Posting fails at once on a pair that has already seen its peer go: the same message,
+      // naming the call and the missing rank, as when the wait fails.
+      const std::string what = e.what();
+      if (auto error = fail_call(what, what.find("imed out") != std::string::npos)) std::rethrow_exception(error);
+      throw;
+    }
+    return std::make_shared<GlooP2PWork>(std::move(buf), send, options_.timeout, fail_call);
   }
 
   // Collectives use sequence numbers as tags (distinct for every collective in flight).
