@@ -969,6 +969,30 @@ double rel_err(const Tensor& a, const Tensor& b) {
   return diff / scale;
 }
 
+// The pipeline and grid modes: the same LeNet, optimizer (--adam or SGD with momentum) and
+// random batches on every rank, and for the one-process reference.
+std::shared_ptr<nn::SequentialImpl> pipeline_test_model() {
+  Generator gen(21);
+  return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
+}
+
+std::unique_ptr<nn::optim::Optimizer> pipeline_test_optimizer(const Flags& f, std::vector<Tensor> ps) {
+  if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
+  return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
+}
+
+std::vector<std::pair<Tensor, Tensor>> pipeline_test_batches(int steps, int64_t batch) {
+  Generator data_gen(22);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < steps; ++i) {
+    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
+    std::vector<int64_t> labels(static_cast<size_t>(batch));
+    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
+    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
+  }
+  return batches;
+}
+
 // LeNet (12 layers) as {7, 5} on 2 ranks, {3, 3, 3, 3} on 4, else as even as possible.
 void run_pipeline(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   namespace pp = tandem::parallel::pipeline;
@@ -978,22 +1002,9 @@ void run_pipeline(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   const int kill_rank = int(f.num("--kill-rank", -1)), kill_step = int(f.num("--kill-step", 1));
   std::string kind = "1f1b";
   for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--schedule") kind = f.args[i + 1];
-  auto make_model = [] {
-    Generator gen(21);
-    return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
-  };
-  auto make_opt = [&](std::vector<Tensor> ps) -> std::unique_ptr<nn::optim::Optimizer> {
-    if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
-    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
-  };
-  Generator data_gen(22);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int i = 0; i < steps; ++i) {
-    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
-    std::vector<int64_t> labels(static_cast<size_t>(batch));
-    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
-    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
-  }
+  auto make_model = pipeline_test_model;
+  auto make_opt = [&](std::vector<Tensor> ps) { return pipeline_test_optimizer(f, std::move(ps)); };
+  const std::vector<std::pair<Tensor, Tensor>> batches = pipeline_test_batches(steps, batch);
   // The reference: the whole model on this process's CPU.
   auto one = make_model();
   std::vector<double> one_losses;
@@ -1141,22 +1152,9 @@ void run_grid(const std::shared_ptr<ProcessGroup>& world, const Flags& f) {
   for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--schedule") kind = f.args[i + 1];
   pp::GridLayout grid(world, P, D);
   require(grid.rank_of(grid.stage(), grid.replica()) == world->rank(), "rank = stage * D + replica");
-  auto make_model = [] {
-    Generator gen(21);
-    return nn::models::lenet({nn::models::LeNetActivation::ReLU, 10}, gen);
-  };
-  auto make_opt = [&](std::vector<Tensor> ps) -> std::unique_ptr<nn::optim::Optimizer> {
-    if (f.on("--adam")) return std::make_unique<nn::optim::Adam>(std::move(ps), 1e-3);
-    return std::make_unique<nn::optim::SGD>(std::move(ps), 0.1, 0.9);
-  };
-  Generator data_gen(22);
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int i = 0; i < steps; ++i) {
-    Tensor x = randn({batch, 1, 28, 28}, kFloat32, kCPU, &data_gen);
-    std::vector<int64_t> labels(static_cast<size_t>(batch));
-    for (auto& l : labels) l = static_cast<int64_t>(data_gen.next_u64() % 10);
-    batches.push_back({x, from_vector<int64_t>(labels, {batch})});
-  }
+  auto make_model = pipeline_test_model;
+  auto make_opt = [&](std::vector<Tensor> ps) { return pipeline_test_optimizer(f, std::move(ps)); };
+  const std::vector<std::pair<Tensor, Tensor>> batches = pipeline_test_batches(steps, batch);
   auto one = make_model();  // the reference: one process, the whole model, the global batch
   std::vector<double> one_losses;
   {
