@@ -94,7 +94,7 @@ class CUDAGraph {
 
   virtual bool captured() const { return exec_ != nullptr; }
   bool capturing() const { return capturing_; }
-  size_t num_nodes() const { return num_nodes_; }
+  virtual size_t num_nodes() const { return num_nodes_; }
   // Bytes that tensors made during the last capture still hold although that memory never
   // existed: the capture failed (capture_abort, or a CudaError from capture_end), or was
   // refused with work that cannot be switched off, so its allocations were never made real. Such a tensor must not be used (it is an illegal address

@@ -16,6 +16,7 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
 #include "parallel/data_parallel.h"
+#include "parallel/distributed/collective_graph.h"
 #include "parallel/distributed/ddp.h"
 #include "parallel/flat_buffer.h"
 #include "parallel/distributed/process_group.h"
@@ -221,14 +222,39 @@ dist::DistributedDataParallelOptions ddp_options(const TrainConfig& cfg) {
 
 // DDP moves the model to the group's device (the training device), broadcasts rank 0's
 // weights and reduces the gradients while backward runs (parallel/distributed/ddp.h).
+//
+// Note [a CUDA graph per DDP rank]: on a GPU with NCCL the rank's whole step -- the gather of its
+// rows, forward, backward with the bucket allreduces, the optimizer, the epoch's sums -- is
+// captured after two eager steps and replayed, as one device's step is (Note [the one-device
+// step]); parallel/distributed/collective_graph.h says how the group keeps numbering and
+// watching the collectives a replay runs. What the step reads from the host lives on the
+// device, so the same graph serves every full batch: the learning rate and Adam's step count
+// (a capturable optimizer), and the loss scale of an uneven shard (world * rows / global
+// rows), a fill before each step -- a rank whose last shard has a full batch's rows but a
+// smaller global batch replays with its own scale. Steps that are traced run eagerly (a
+// graph's spans would time the capture), as do the steps of a Gloo group (host collectives).
 class DdpStepper final : public Stepper {
  public:
   explicit DdpStepper(const TrainConfig& cfg)
-      : group_(cfg.group), seed_(cfg.seed), ddp_(build_model(cfg), cfg.group, ddp_options(cfg)) {
+      : group_(cfg.group),
+        seed_(cfg.seed),
+        ddp_(build_model(cfg), cfg.group, ddp_options(cfg)),
+        graph_([this](const std::vector<Tensor>& in) { train_step(in[0], {in[1], in[2]}, in[3], in[4], in[5]); },
+               {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph && cfg.trace.empty()},
+               std::make_unique<dist::CollectiveGraph>(std::vector<std::shared_ptr<dist::ProcessGroup>>{cfg.group})) {
     ddp_.train();
-    opt_ = make_optimizer(cfg, ddp_.parameters());
+    const Device d = group_->device();
+    const bool graphed = cfg.cuda_graph && cfg.trace.empty() && d.is_cuda();
+    opt_ = make_optimizer(cfg, ddp_.parameters(), /*capturable=*/graphed);
+    scale_ = zeros({}, kFloat32, d);
+    if (graphed) {
+      const std::string why = dist::CollectiveGraph({group_}).why_not(d);
+      if (!why.empty()) {
+        graph_.disable(why);
+        if (group_->rank() == 0) std::fprintf(stderr, "tandem: CUDA graph off, steps run eagerly: %s\n", why.c_str());
+      }
+    }
     if (!cfg.trace.empty()) {
-      const Device d = group_->device();
       trace_ = std::make_unique<parallel::Trace>(d, group_->rank(),
                                                  "rank " + std::to_string(group_->rank()) + " " + d.str());
       group_->set_trace(trace_.get());
@@ -247,31 +273,19 @@ class DdpStepper final : public Stepper {
   void step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
             const Tensor& loss_sum, const Tensor& correct) override {
     const int64_t rows = index.size(0);
-    if (rows == 0) return empty_step();
-    const data::Batch b = data.get(index);
-    const Tensor &x = b.x, &y = b.y;
-    last_x_ = x;
-    last_y_ = y;
+    if (rows == 0) return empty_step(data);
+    last_index_ = index;
     if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
-    parallel::Trace* trace = trace_ && traced_steps_ <= kTracedSteps ? trace_.get() : nullptr;
-    const Device d = group_->device();
-    opt_->zero_grad();
-    auto span = parallel::Trace::scoped(trace, d, "forward");
-    Tensor logits = ddp_(x);
-    Tensor loss = cross_entropy(logits, y);
-    span = parallel::Trace::scoped(trace, d, "backward");
+    trace_now_ = trace_ && traced_steps_ <= kTracedSteps ? trace_.get() : nullptr;
     // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP averages the ranks'
     // gradients, so the shard's mean loss is weighted by world * rows / global_rows; the
     // average is then the gradient of the global batch's mean loss, as on one process.
-    const double scale = static_cast<double>(group_->size()) * static_cast<double>(rows) /
-                         static_cast<double>(global_rows);
-    mul(loss, scale).backward();
-    span = parallel::Trace::scoped(trace, d, "optimizer");
-    opt_->step();
-    span = {};
-    kernels::axpby_(static_cast<double>(rows), loss.detach(), 1.0, loss_sum);
-    kernels::count_correct(logits.detach(), y, correct);
+    scale_.fill_(static_cast<double>(group_->size()) * static_cast<double>(rows) / static_cast<double>(global_rows));
+    graph_({index}, {data.images(), data.labels(), loss_sum, correct, scale_});
   }
+
+  // The captured optimizer state may have been replaced: capture again.
+  void after_load() override { graph_.invalidate(); }
 
   void sum_across_processes(const Tensor& t) override {
     group_->allreduce(t, dist::ReduceOp::Sum)->wait();
@@ -305,21 +319,42 @@ class DdpStepper final : public Stepper {
   }
 
  private:
+  // One step on the rows `index` of (images, labels), graph-safe (Note [graph-safe steps] in
+  // core/cuda_graph.h): nothing is kept from it but what it writes into the sums.
+  void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum, const Tensor& correct,
+                  const Tensor& scale) {
+    const data::Batch b = data.get(index);
+    parallel::Trace* trace = trace_now_;
+    const Device d = group_->device();
+    opt_->zero_grad();
+    auto span = parallel::Trace::scoped(trace, d, "forward");
+    Tensor logits = ddp_(b.x);
+    Tensor loss = cross_entropy(logits, b.y);
+    span = parallel::Trace::scoped(trace, d, "backward");
+    mul(loss, scale).backward();
+    span = parallel::Trace::scoped(trace, d, "optimizer");
+    opt_->step();
+    span = {};
+    kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
+    kernels::count_correct(logits.detach(), b.y, correct);
+  }
+
   // Note [an empty shard]: when the global batch is not a multiple of the world size, the last
   // batch of an epoch can leave this rank no rows. It must still take the step -- the other
   // ranks wait for its buffer broadcast and its bucket allreduces -- and contribute a zero
   // gradient. A forward of 0 rows is not possible everywhere (BatchNorm refuses it in
-  // training), so the rank runs a stand-in: two rows of its previous batch with the loss
-  // weighted by 0, and puts its buffers back afterwards so they do not see the stand-in. The
-  // first batch of an epoch always gives every rank a row (batch_size >= world size), so a
+  // training), so the rank runs a stand-in, eagerly: two rows of its previous batch with the
+  // loss weighted by 0, and puts its buffers back afterwards so they do not see the stand-in.
+  // The first batch of an epoch always gives every rank a row (batch_size >= world size), so a
   // previous batch exists.
-  void empty_step() {
-    TANDEM_CHECK(last_x_.defined(), Value, "DDP stepper: this rank's first batch is empty");
-    const int64_t n = std::min<int64_t>(2, last_x_.size(0));
+  void empty_step(const data::TensorDataset& data) {
+    TANDEM_CHECK(last_index_.defined(), Value, "DDP stepper: this rank's first batch is empty");
+    const int64_t n = std::min<int64_t>(2, last_index_.size(0));
+    const data::Batch b = data.get(last_index_.slice(0, 0, n));
     std::vector<Tensor> buffers = ddp_.module().buffers(), saved;
-    for (const Tensor& b : buffers) saved.push_back(b.clone());
+    for (const Tensor& t : buffers) saved.push_back(t.clone());
     opt_->zero_grad();
-    Tensor loss = cross_entropy(ddp_(last_x_.slice(0, 0, n)), last_y_.slice(0, 0, n));
+    Tensor loss = cross_entropy(ddp_(b.x), b.y);
     mul(loss, 0.0).backward();
     opt_->step();
     for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
@@ -329,9 +364,12 @@ class DdpStepper final : public Stepper {
   uint64_t seed_;
   dist::DistributedDataParallel ddp_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  Tensor last_x_, last_y_;  // this rank's previous batch (Note [an empty shard])
+  Tensor last_index_;  // this rank's previous batch (Note [an empty shard])
+  Tensor scale_;       // this step's loss scale, on the device (Note [a CUDA graph per DDP rank])
   std::unique_ptr<parallel::Trace> trace_;
+  parallel::Trace* trace_now_ = nullptr;  // the trace while this step is traced
   int64_t traced_steps_ = 0;
+  StepGraph graph_;
 };
 
 }  // namespace

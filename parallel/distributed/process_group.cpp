@@ -92,6 +92,13 @@ SettleResult settle_unlocked(std::mutex& mu, const std::function<bool()>& aborte
 
 std::string ProcessGroup::Call::str() const {
   std::ostringstream os;
+  if (graph_collectives > 0) {
+    os << "the " << graph_collectives << " collective" << (graph_collectives > 1 ? "s #" : " #")
+       << seq + 1 - graph_collectives;
+    if (graph_collectives > 1) os << "..#" << seq;
+    os << " replayed from a CUDA graph";
+    return os.str();
+  }
   os << op << " #" << seq << " (" << dtype_name(t.dtype()) << " x " << t.numel();
   if (other.defined()) os << " / " << other.numel();
   if (std::string(op) == "allreduce" || std::string(op) == "reduce_scatter") os << ", " << reduce_op_name(reduce);
@@ -441,6 +448,18 @@ ProcessGroup::Call ProcessGroup::begin(const char* op, const Tensor& t, const Te
     if (size_ > 1 && c.seq < static_cast<uint64_t>(options_.fingerprint_collectives)) fingerprint(c);
   }
   return c;
+}
+
+void ProcessGroup::graph_launched(uint64_t count, bool numbered) {
+  check_healthy();
+  if (count == 0) return;
+  if (!numbered) {
+    seq_ += count;
+    monitor_->started.store(seq_);
+  }
+  Call c{"graph", seq_ - 1, Tensor(), Tensor()};
+  c.graph_collectives = count;
+  watch_graph(c);
 }
 
 // Note [collective fingerprints]

@@ -172,6 +172,18 @@ class ProcessGroup {
   // the group is healthy. Every collective calls it first.
   void check_healthy() const;
 
+  // Note [collectives in a CUDA graph] (collective_graph.h): whether this backend's collectives
+  // can be captured into a CUDA graph and replayed from it (NCCL: they are kernels on its
+  // stream; Gloo runs them on a host thread, which a graph cannot hold).
+  virtual bool supports_capture() const { return false; }
+  // A CUDA graph holding `count` collectives of this group has just been launched on the
+  // current stream of device(). `numbered`: they already have their sequence numbers (the
+  // capture issued them, and this launch is that step's); otherwise they take the next `count`
+  // numbers, as if issued one by one. The backend then watches the graph's end like a
+  // collective's: past the timeout, or on the engine's error, the group fails and the engine's
+  // abort ends the kernels still replaying. Throws the group's error if it has failed.
+  void graph_launched(uint64_t count, bool numbered);
+
   // The device the monitor thread runs under (set as its first act, before any CUDA call, so a
   // rank never makes a CUDA context on a GPU that is not its own): device(). Waits for the
   // thread to start.
@@ -185,6 +197,7 @@ class ProcessGroup {
     Tensor t, other;  // other: allgather/reduce_scatter's second tensor
     ReduceOp reduce = ReduceOp::Sum;
     int peer = -1;  // root, dst or src
+    uint64_t graph_collectives = 0;  // > 0: the launch of a CUDA graph holding this many, #seq the last
     std::string str() const;
   };
   virtual WorkPtr do_allreduce(const Call& c) = 0;
@@ -227,6 +240,8 @@ class ProcessGroup {
   // Called by the monitor about every monitor_interval: a backend checks its in-flight work
   // against the deadlines and the engine's own error state.
   virtual void poll_in_flight() {}
+  // Watches the end of a launched CUDA graph's collectives (graph_launched): `c` describes them.
+  virtual void watch_graph(const Call& c) { (void)c; }
 
   std::shared_ptr<Store> base_store_;  // the store as given
   std::string name_;

@@ -124,6 +124,7 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   std::string backend() const override { return "nccl"; }
   Device device() const override { return device_; }
+  bool supports_capture() const override { return true; }
 
  protected:
   void check_tensor(const char* op, const Tensor& t) const override {
@@ -194,6 +195,19 @@ class ProcessGroupNccl final : public ProcessGroup {
                                               ProcessGroupOptions options, std::vector<int> global_ranks) override {
     DeviceGuard guard(device_);  // the subgroup's GPU is this group's
     return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options, std::move(global_ranks));
+  }
+
+  // Note [collectives in a CUDA graph]: the graph was launched on the current stream; an event
+  // after it ends when its last node (a collective on comm_stream_, joined back) has, and it
+  // joins the list in launch order, so poll_in_flight checks its deadline like any
+  // collective's and an abort reaches the kernels the replay is running.
+  void watch_graph(const Call& c) override {
+    DeviceGuard guard(device_);
+    auto done = std::make_shared<Event>();
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (aborted_) return;  // graph_launched checked the group; the failure is on its way
+    done->record(current_stream(device_));
+    in_flight_.push_back({c, std::move(done), std::chrono::steady_clock::now() + options_.timeout});
   }
 
   void poll_in_flight() override {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "autograd/ops.h"
 #include "catch.h"
@@ -13,6 +14,8 @@
 #include "helpers.h"
 #include "nn/models/lenet.h"
 #include "nn/nn.h"
+#include "core/cuda_graph.h"
+#include "parallel/distributed/collective_graph.h"
 #include "parallel/distributed/ddp.h"
 #include "parallel/distributed/process_group.h"
 
@@ -129,6 +132,78 @@ TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU para
   CHECK(ddp.reducer().reductions() == 5);
   const auto a = plain->parameters(), b = ddp.parameters();
   for (size_t k = 0; k < a.size(); ++k) CHECK(test::rel_error(b[k], a[k]) < 1e-5);
+}
+
+TEST_CASE("DDP over NCCL in a CUDA graph: replays equal eager steps, keep the numbers, and stop on a failed group",
+          "[cuda][dist][ddp][cuda_graph]") {
+  TANDEM_REQUIRE_CUDA();
+#ifndef TANDEM_WITH_NCCL
+  WARN("tandem built without NCCL: skipped");
+  return;
+#endif
+  const Device gpu = Device::cuda(0);
+  DeviceGuard guard(gpu);
+  OneRank job("nccl");
+  auto build = [] {
+    Generator gen(3);
+    return nn::models::lenet({}, gen);
+  };
+  DistributedDataParallelOptions o;
+  o.bucket_cap_mb = 0.05;
+  o.first_bucket_cap_mb = 0.01;
+  DistributedDataParallel eager(build(), job.group, o), graphed(build(), job.group, o);
+  const int64_t buckets = static_cast<int64_t>(graphed.reducer().num_buckets());
+  REQUIRE(buckets >= 3);
+  nn::optim::SGD opt_eager(eager.parameters(), nn::optim::SGDOptions(0.5).momentum(0.9));
+  nn::optim::SGD opt_graphed(graphed.parameters(), nn::optim::SGDOptions(0.5).momentum(0.9).capturable(true));
+  Generator data(9);
+  const Tensor images = randn({96, 1, 28, 28}, kFloat32, kCPU, &data).to(gpu);
+  std::vector<int64_t> labels(96);
+  for (auto& l : labels) l = static_cast<int64_t>(data.next_u64() % 10);
+  const Tensor targets = from_vector<int64_t>(labels, {96}, gpu);
+  auto step = [](DistributedDataParallel& ddp, nn::optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    cross_entropy(ddp(x), y).backward();
+    opt.step();
+  };
+  auto* collective = new CollectiveGraph({job.group});
+  StepGraph graph([&](const std::vector<Tensor>& in) {
+    step(graphed, opt_graphed, index_select(in[1], in[0]), index_select(in[2], in[0]));
+  }, {/*warmup_steps=*/2, /*enabled=*/true}, std::unique_ptr<CUDAGraph>(collective));
+  const uint64_t seq0 = job.group->sequence_number();
+  const int steps = 6;
+  for (int k = 0; k < steps; ++k) {
+    const Tensor index = arange(k % 3 * 32, k % 3 * 32 + 32, 1, kInt64, gpu);
+    graph({index}, {images, targets});
+  }
+  CHECK(graph.captures() == 1);
+  CHECK(graph.replays() == steps - 2);
+  CHECK(collective->collectives() == std::vector<uint64_t>{static_cast<uint64_t>(buckets)});
+  CHECK(job.group->sequence_number() - seq0 == static_cast<uint64_t>(steps * buckets));
+  for (int k = 0; k < steps; ++k) {
+    const Tensor index = arange(k % 3 * 32, k % 3 * 32 + 32, 1, kInt64, gpu);
+    step(eager, opt_eager, index_select(images, index), index_select(targets, index));
+  }
+  const auto a = eager.parameters(), b = graphed.parameters();
+  for (size_t k = 0; k < a.size(); ++k) CHECK(test::rel_error(b[k], a[k]) < 1e-6);
+
+  // Another rank's failure (its abort key) reaches this rank's monitor; the next launch throws
+  // the group's error instead of replaying.
+  job.group->store().set("pg/abort", "rank 1 failed in a test");
+  std::string failure;
+  for (int i = 0; i < 200 && failure.empty(); ++i) {
+    try {
+      job.group->check_healthy();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  CHECK(test::contains(failure, "rank 1 failed in a test"));
+  const int64_t replays = graph.replays();
+  const Tensor index = arange(0, 32, 1, kInt64, gpu);
+  CHECK(test::contains(test::error_message<Error>([&] { graph({index}, {images, targets}); }), "rank 1 failed in a test"));
+  CHECK(graph.replays() == replays);
 }
 
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH)

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "catch.h"
+#include "core/cuda_graph.h"
 #include "helpers.h"
+#include "parallel/distributed/collective_graph.h"
 #include "parallel/distributed/process_group.h"
 #include "parallel/distributed/process_group_backends.h"
 
@@ -391,4 +393,100 @@ TEST_CASE("settle_unlocked polls under the lock only, so an abort is never held 
         SettleResult::kDone);
   CHECK(settle_unlocked(mu, [] { return false; }, [] { return true; }, std::chrono::milliseconds(20)) ==
         SettleResult::kTimedOut);
+}
+
+// ---- Note [collectives in a CUDA graph] ------------------------------------------------------
+namespace {
+
+// A bare group whose collectives count as capturable; it records what it is asked to watch.
+class CapturingGroup final : public BareGroup {
+ public:
+  explicit CapturingGroup(std::shared_ptr<Store> store) : BareGroup(std::move(store), kCPU) {}
+  bool supports_capture() const override { return true; }
+  void fail_now(const std::string& why) { fail(why, false); }
+  std::vector<std::string> watched;
+
+ protected:
+  void watch_graph(const Call& c) override { watched.push_back(c.str()); }
+};
+
+// A capture that records nothing: its "replay" only counts (the collectives of a step are host
+// calls here, so what the test checks is the group's bookkeeping around the launches).
+struct CountingGraph final : CUDAGraph {
+  bool have = false;
+  int* launches = nullptr;
+  bool can_capture(Device) const override { return true; }
+  void capture_begin(Device) override { have = false; }
+  void capture_end() override { have = true; }
+  void capture_abort() noexcept override {}
+  void replay() const override { ++*launches; }
+  void reset() noexcept override { have = false; }
+  bool captured() const override { return have; }
+};
+
+}  // namespace
+
+TEST_CASE("A CUDA graph's collectives keep their group's numbers and are watched at every launch",
+          "[dist][cuda_graph]") {
+  auto store = lone_store();
+  auto pg = std::make_shared<CapturingGroup>(store);
+  int launches = 0;
+  auto fake = std::make_unique<CountingGraph>();
+  fake->launches = &launches;
+  auto* graph = new CollectiveGraph({pg}, std::move(fake));
+  const Tensor t = zeros({4});
+  int steps = 0;
+  StepGraph step([&](const std::vector<Tensor>&) {
+    ++steps;
+    pg->allreduce(t);
+    pg->allreduce(t, ReduceOp::Avg);
+  }, {/*warmup_steps=*/2, /*enabled=*/true}, std::unique_ptr<CUDAGraph>(graph));
+
+  step({t});
+  step({t});  // two eager steps: #0..#3
+  CHECK(pg->sequence_number() == 4);
+  CHECK(pg->watched.empty());
+  step({t});  // the capture issues #4 and #5; its launch is this step and numbers nothing
+  CHECK(steps == 3);
+  CHECK(launches == 1);
+  CHECK(graph->collectives() == std::vector<uint64_t>{2});
+  CHECK(pg->sequence_number() == 6);
+  REQUIRE(pg->watched.size() == 1);
+  CHECK(pg->watched[0] == "the 2 collectives #4..#5 replayed from a CUDA graph");
+  step({t});  // a replay: the next two numbers, as if issued
+  step({t});
+  CHECK(steps == 3);
+  CHECK(launches == 3);
+  CHECK(pg->sequence_number() == 10);
+  REQUIRE(pg->watched.size() == 3);
+  CHECK(pg->watched[2] == "the 2 collectives #8..#9 replayed from a CUDA graph");
+  pg->allreduce(t);  // an eager collective after the replays takes the next number
+  CHECK(pg->sequence_number() == 11);
+
+  SECTION("a failed group replays nothing and throws its error") {
+    pg->fail_now("rank 1 is gone");
+    CHECK(test::contains(caught<Error>([&] { step({t}); }), "rank 1 is gone"));
+    CHECK(launches == 3);
+    CHECK(pg->sequence_number() == 11);
+  }
+}
+
+TEST_CASE("A CollectiveGraph says why a group's step cannot be captured", "[dist][cuda_graph]") {
+  auto store = lone_store();
+  auto bare = std::make_shared<BareGroup>(store, kCPU);  // a backend without capture
+  int launches = 0;
+  auto fake = std::make_unique<CountingGraph>();
+  fake->launches = &launches;
+  CollectiveGraph graph({bare}, std::move(fake));
+  CHECK_FALSE(graph.can_capture(kCPU));
+  CHECK(test::contains(graph.why_not(kCPU), "the bare process group runs its collectives on a host thread"));
+  auto capturing = std::make_shared<CapturingGroup>(store);
+  auto fake2 = std::make_unique<CountingGraph>();
+  fake2->launches = &launches;
+  CollectiveGraph other({capturing}, std::move(fake2));
+  CHECK(other.can_capture(kCPU));
+  CHECK(test::contains(other.why_not(Device::cpu(1)), "the process group works on "));
+  CHECK(test::contains(other.why_not(Device::cpu(1)), ", the step on cpu:1"));
+  const std::vector<std::shared_ptr<ProcessGroup>> none{nullptr};
+  CHECK(test::contains(caught<ValueError>([&] { CollectiveGraph g(none); }), "a process group is null"));
 }
