@@ -114,8 +114,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
       }
     }
     if (sharded()) {
-      // Note [fsdp parameter views]: the parameters become views of one Storage per unit, for
-      // good; it holds bytes only while the unit is gathered.
+      // The parameters become views of one Storage per unit, for good; it holds bytes only
+      // while the unit is gathered (Note [fsdp parameter views]).
       auto storage = std::make_shared<Storage>(group_->device(), 0);
       storage->release();
       auto impl = std::make_shared<TensorImpl>();

@@ -537,4 +537,31 @@ TEST_CASE("FSDP FULL_SHARD: a rank killed before an all-gather of forward or bac
     check_killed_pair(dir, std::string("fsdp-full-kill --kill-at ") + at, "allgather");
   }
 }
+
+TEST_CASE("FSDP FULL_SHARD: the timeline has each unit's gather, compute, free and reduce-scatter on both ranks",
+          "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::string path = dir.file("fsdp.json");
+  Result r = run(dir, 2, "fsdp-full --optim sgd --steps 2 --forward-prefetch --trace " + path);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  CHECK(contains(json, "\"rank 0\""));
+  CHECK(contains(json, "\"rank 1\""));
+  // One traced step: per rank, a forward gather of each unit and a pre-backward gather of each but
+  // the last (kept whole), a forward, a backward and a reduce-scatter of each, a free of each
+  // after its forward but the last and one after its backward.
+  for (int u = 0; u < 6; ++u) {
+    const std::string n = " " + std::to_string(u) + "\"";
+    INFO("unit " << u);
+    CHECK(count(json, "\"gather" + n) == size_t(2 * (u < 5 ? 2 : 1)));
+    CHECK(count(json, "\"forward" + n) == 2);
+    CHECK(count(json, "\"backward" + n) == 2);
+    CHECK(count(json, "\"reduce-scatter" + n) == 2);
+    CHECK(count(json, "\"free" + n) == size_t(2 * (u < 5 ? 2 : 1)));
+  }
+}
 #endif
