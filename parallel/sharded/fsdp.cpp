@@ -204,7 +204,8 @@ void FullyShardedDataParallel::release(size_t ui) {
   Event start = trace_ ? now() : Event(true);
   u.full.storage()->release();
   u.current = false;
-  if (trace_) trace_->add(group_->device(), "free " + std::to_string(ui), "compute", std::move(start), now());
+  if (trace_)
+    trace_->add(group_->device(), "free " + std::to_string(ui), "compute", std::move(start), now());
 }
 
 Tensor FullyShardedDataParallel::run_unit(size_t ui, nn::Module& m, const Tensor& x,
@@ -321,8 +322,9 @@ void FullyShardedDataParallel::finish_unit(size_t ui) {
   u.work->wait();
   u.work = nullptr;
   if (trace_) {
-    trace_->add(group_->device(), (sharded() ? "reduce-scatter " : "allreduce ") + std::to_string(ui),
-                "comm", std::move(u.reduce_start), now());
+    trace_->add(group_->device(),
+                (sharded() ? "reduce-scatter " : "allreduce ") + std::to_string(ui), "comm",
+                std::move(u.reduce_start), now());
   }
   u.staging = Tensor();
   Tensor g = u.flat_param.grad();
@@ -343,7 +345,9 @@ void FullyShardedDataParallel::finish_backward() {
 
 FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
   const size_t n = fsdp_.units_.size();
-  for (size_t ui = 0; ui < n; ++ui) fsdp_.units_[ui].current = false;
+  for (size_t ui = 0; ui < n; ++ui) {
+    if (fsdp_.sharded()) fsdp_.units_[ui].current = false;  // the shards may have been stepped
+  }
   for (size_t ui = 0; ui < n; ++ui) fsdp_.issue_gather(ui);  // all in flight, then waited for
   for (size_t ui = 0; ui < n; ++ui) fsdp_.wait_gather(ui);
 }

@@ -113,7 +113,9 @@ class FullyShardedDataParallel {
   int64_t unit_numel(size_t u) const { return units_.at(u).numel; }
   int64_t unit_shard_numel(size_t u) const { return units_.at(u).shard; }
 
-  // RAII: every unit's parameters whole (all-gathered) while alive, released again after.
+  // RAII: every unit's parameters whole (all-gathered) while alive, released again after. Not
+  // between a forward and its backward (the release would leave the backward nothing to read:
+  // a ValueError naming the parameter).
   class FullParams {
    public:
     explicit FullParams(FullyShardedDataParallel& fsdp);

@@ -19,7 +19,7 @@ TEST_CASE("Storage::release gives the bytes back while views hold the storage", 
   Tensor row = base.select(0, 1), col = base.slice(1, 2, 5);
   REQUIRE(allocated_bytes(kCPU) == before + 4 * 8 * 4);
   base.storage()->release();
-  CHECK(allocated_bytes(kCPU) == before);  // although three tensors hold the Storage
+  CHECK(allocated_bytes(kCPU) == before);     // although three tensors hold the Storage
   for (const Tensor& t : {base, row, col}) {  // the views keep their geometry, not the bytes
     CHECK(t.storage()->released());
     CHECK(t.storage()->nbytes() == 0);

@@ -73,7 +73,10 @@ TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wron
   o.stage = 3;
   CHECK(contains(error_message<ValueError>(
                      [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
-                 "stage 3 is not built"));
+                 "stage 3 is not one of 1"));
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+                 "FullyShardedDataParallel with FULL_SHARD"));
   o.stage = 2;
   o.gradients_reduced = true;
   CHECK(contains(error_message<ValueError>(

@@ -72,7 +72,8 @@ constexpr int64_t kIn = 12, kClasses = 7;
 // Linear 12 -> 32K -> 48K -> 40K -> 24K -> 40K -> 7, ReLU between: six units of uneven sizes
 // (416, 1584, 1960, 984, 1000, 287 parameters for K = 1), in `dtype`. Depth D repeats the hidden
 // widths D times (D = 2: eleven units, 13071 parameters).
-std::shared_ptr<nn::Module> stack_net(uint64_t seed, int64_t k, DType dtype = kFloat32, int depth = 1) {
+std::shared_ptr<nn::Module> stack_net(uint64_t seed, int64_t k, DType dtype = kFloat32,
+                                      int depth = 1) {
   std::vector<int64_t> widths = {kIn};
   for (int d = 0; d < depth; ++d) {
     for (int64_t h : {32, 48, 40, 24, 40}) widths.push_back(h * k);
@@ -110,11 +111,13 @@ std::vector<std::pair<Tensor, Tensor>> stack_batches(int steps, int64_t batch, D
   return out;
 }
 
-std::unique_ptr<nn::optim::Optimizer> make_optimizer(const std::string& name, std::vector<Tensor> ps) {
+std::unique_ptr<nn::optim::Optimizer> make_optimizer(const std::string& name,
+                                                     std::vector<Tensor> ps) {
   using namespace nn::optim;
   if (name == "sgd") return std::make_unique<SGD>(std::move(ps), SGDOptions(0.05).momentum(0.9));
   if (name == "adam") return std::make_unique<Adam>(std::move(ps), AdamOptions(5e-3));
-  if (name == "adamw") return std::make_unique<AdamW>(std::move(ps), AdamWOptions(5e-3).weight_decay(0.05));
+  if (name == "adamw")
+    return std::make_unique<AdamW>(std::move(ps), AdamWOptions(5e-3).weight_decay(0.05));
   throw std::runtime_error("unknown --optim " + name);
 }
 
@@ -122,11 +125,15 @@ FullyShardedDataParallelOptions fsdp_options(const Args& a) {
   FullyShardedDataParallelOptions o;
   const std::string strategy = a.get("--strategy", "full");
   check(strategy == "full" || strategy == "grad-op", "--strategy full|grad-op, not " + strategy);
-  o.sharding_strategy = strategy == "full" ? ShardingStrategy::FULL_SHARD : ShardingStrategy::SHARD_GRAD_OP;
+  o.sharding_strategy =
+      strategy == "full" ? ShardingStrategy::FULL_SHARD : ShardingStrategy::SHARD_GRAD_OP;
   const std::string prefetch = a.get("--prefetch", "pre");
-  if (prefetch == "none") o.backward_prefetch.reset();
-  else if (prefetch == "post") o.backward_prefetch = BackwardPrefetch::BACKWARD_POST;
-  else check(prefetch == "pre", "--prefetch pre|post|none, not " + prefetch);
+  if (prefetch == "none")
+    o.backward_prefetch.reset();
+  else if (prefetch == "post")
+    o.backward_prefetch = BackwardPrefetch::BACKWARD_POST;
+  else
+    check(prefetch == "pre", "--prefetch pre|post|none, not " + prefetch);
   o.forward_prefetch = a.on("--forward-prefetch");
   return o;
 }
@@ -139,10 +146,11 @@ std::pair<int64_t, int64_t> rows_of(int64_t B, int r, int w) {
 
 // The loss of `rows` of the global batch (B rows, w ranks), scaled so that averaging the ranks'
 // gradients, each summed over its micro-batches, gives the gradient of the global batch's mean.
-Tensor part_loss(const std::function<Tensor(const Tensor&)>& model, const Tensor& x, const Tensor& y,
-                 std::pair<int64_t, int64_t> rows, int64_t B, int w) {
+Tensor part_loss(const std::function<Tensor(const Tensor&)>& model, const Tensor& x,
+                 const Tensor& y, std::pair<int64_t, int64_t> rows, int64_t B, int w) {
   const auto [s, e] = rows;
-  return mul(cross_entropy(model(x.slice(0, s, e)), y.slice(0, s, e)), double(w) * double(e - s) / double(B));
+  return mul(cross_entropy(model(x.slice(0, s, e)), y.slice(0, s, e)),
+             double(w) * double(e - s) / double(B));
 }
 
 // max over tensors of max|a - b| / max|b|.
@@ -163,9 +171,10 @@ double worst_rel(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 
 void print_rest(const FullyShardedDataParallel& fsdp) {
   const auto m = fsdp.memory();
-  std::printf("fsdp-full-memory rest world %d numel %lld shard %lld params %lld flat %lld grads %lld\n", m.world_size,
-              (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters, (long long)m.flat_parameters,
-              (long long)m.gradients);
+  std::printf(
+      "fsdp-full-memory rest world %d numel %lld shard %lld params %lld flat %lld grads %lld\n",
+      m.world_size, (long long)m.numel, (long long)m.shard_numel, (long long)m.parameters,
+      (long long)m.flat_parameters, (long long)m.gradients);
 }
 
 void print_units(const FullyShardedDataParallel& fsdp) {
@@ -179,7 +188,8 @@ void write_trace(ProcessGroup& group, const parallel::Trace& trace, const std::s
   group.store().set("fsdp-trace/" + std::to_string(r), trace.json());
   if (r == 0) {
     std::vector<std::string> parts;
-    for (int k = 0; k < group.size(); ++k) parts.push_back(group.store().get_string("fsdp-trace/" + std::to_string(k)));
+    for (int k = 0; k < group.size(); ++k)
+      parts.push_back(group.store().get_string("fsdp-trace/" + std::to_string(k)));
     parallel::write_merged_trace(path, parts);
   }
   group.barrier();
@@ -197,9 +207,11 @@ void run_train(const std::shared_ptr<ProcessGroup>& group, const Args& a) {
   auto net = stack_net(7 + uint64_t(r), k, kFloat64);  // rank 0's parameters are broadcast
   net->to(device);
   FullyShardedDataParallel fsdp(net, group, fsdp_options(a));
-  check(fsdp.reshard_after_forward() == (a.get("--strategy", "full") == "full"), "FULL_SHARD reshards after forward");
+  check(fsdp.reshard_after_forward() == (a.get("--strategy", "full") == "full"),
+        "FULL_SHARD reshards after forward");
   auto opt = make_optimizer(optim, fsdp.parameters());
-  parallel::distributed::DistributedDataParallel ddp(stack_net(7 + uint64_t(r), k, kFloat64), group);
+  parallel::distributed::DistributedDataParallel ddp(stack_net(7 + uint64_t(r), k, kFloat64),
+                                                     group);
   auto ddp_opt = make_optimizer(optim, ddp.parameters());
   parallel::Trace trace(device, r, "rank " + std::to_string(r));
   print_units(fsdp);
@@ -218,7 +230,8 @@ void run_train(const std::shared_ptr<ProcessGroup>& group, const Args& a) {
       part_loss(fsdp_fn, x, y, rows, B, w).backward();
     }
     {
-      auto span = parallel::Trace::scoped(!trace_path.empty() && step > 0 ? &trace : nullptr, device, "optimizer");
+      auto span = parallel::Trace::scoped(!trace_path.empty() && step > 0 ? &trace : nullptr,
+                                          device, "optimizer");
       opt->step();
     }
     ddp_opt->zero_grad();
@@ -262,14 +275,16 @@ void run_memory(const std::shared_ptr<ProcessGroup>& group, const Args& a) {
     opt->zero_grad();
     const size_t rest = allocated_bytes(device);
     reset_max_allocated_bytes(device);
-    Tensor loss = part_loss([&](const Tensor& in) { return fsdp(in); }, x, y, rows_of(B, r, w), B, w);
+    Tensor loss =
+        part_loss([&](const Tensor& in) { return fsdp(in); }, x, y, rows_of(B, r, w), B, w);
     const size_t forward_peak = max_allocated_bytes(device);
     loss.backward();
     const size_t peak = max_allocated_bytes(device);
     opt->step();
-    std::printf("fsdp-full-peak strategy %s world %d rest %lld forward_above_rest %lld above_rest %lld\n",
-                a.get("--strategy", "full").c_str(), w, (long long)rest, (long long)(forward_peak - rest),
-                (long long)(peak - rest));
+    std::printf(
+        "fsdp-full-peak strategy %s world %d rest %lld forward_above_rest %lld above_rest %lld\n",
+        a.get("--strategy", "full").c_str(), w, (long long)rest, (long long)(forward_peak - rest),
+        (long long)(peak - rest));
   }
   print_units(fsdp);
   print_rest(fsdp);
@@ -290,7 +305,8 @@ void run_kill(const std::shared_ptr<ProcessGroup>& group, const Args& a) {
     if (die && at == "forward") std::raise(SIGKILL);
     const auto& [x, y] = batches[size_t(step % 4)];
     opt->zero_grad();
-    Tensor loss = part_loss([&](const Tensor& in) { return fsdp(in); }, x, y, rows_of(12, r, w), 12, w);
+    Tensor loss =
+        part_loss([&](const Tensor& in) { return fsdp(in); }, x, y, rows_of(12, r, w), 12, w);
     if (die) std::raise(SIGKILL);
     loss.backward();
     opt->step();
@@ -302,10 +318,14 @@ void run_kill(const std::shared_ptr<ProcessGroup>& group, const Args& a) {
 bool run_fsdp_full_mode(const std::string& mode, const std::shared_ptr<ProcessGroup>& group,
                         const std::vector<std::string>& args) {
   const Args a{args};
-  if (mode == "fsdp-full") run_train(group, a);
-  else if (mode == "fsdp-full-memory") run_memory(group, a);
-  else if (mode == "fsdp-full-kill") run_kill(group, a);
-  else return false;
+  if (mode == "fsdp-full")
+    run_train(group, a);
+  else if (mode == "fsdp-full-memory")
+    run_memory(group, a);
+  else if (mode == "fsdp-full-kill")
+    run_kill(group, a);
+  else
+    return false;
   return true;
 }
 
