@@ -210,8 +210,14 @@ std::string Tensor::str() const {
   return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
 }
 
+// Every kernel takes its pointers here, on every device: the one place a read of a released
+// storage (Note [releasing a storage] in core/storage.h) is caught, at the cost of one load.
 void* Tensor::raw_data() const {
   const auto& impl = checked(impl_);
+  TANDEM_CHECK(!impl.storage->released() || shape_numel(impl.shape) == 0, Value, "a kernel read ", str(),
+               " whose storage was released (Storage::release) and not reallocated; under "
+               "FullyShardedDataParallel a sharded parameter holds its bytes only during its unit's "
+               "forward and backward and inside summon_full_params()");
   return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype));
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // FullyShardedDataParallel: parameters sharded per unit, PyTorch's torch.distributed.fsdp by
-// name and shape (ZeRO-3's idea; docs/12-sharding.md).
+// name and shape (ZeRO-3; docs/12-sharding.md).
 //
-//   FullyShardedDataParallel fsdp(model, ctx.group, {ShardingStrategy::SHARD_GRAD_OP});
+//   FullyShardedDataParallel fsdp(model, ctx.group);  // FULL_SHARD, as PyTorch's default
 //   nn::optim::Adam opt(fsdp.parameters(), 1e-3);   // the flat shards, one per unit
 //   for (...) {
 //     opt.zero_grad();
@@ -15,45 +15,67 @@
 // every child), or the whole module otherwise. A unit's parameters are laid out as one flat
 // buffer padded to N * S, S = ceil(n / N) (Note [zero layout] in zero_optimizer.cpp); rank r
 // keeps elements [r S, (r + 1) S) as a leaf tensor, the unit's flat parameter, which the
-// optimizer steps, so its state exists for the shard only.
+// optimizer steps, so its state exists for the shard only. The module's parameters are views of
+// one Storage per unit that holds bytes only while the unit is gathered (Note [fsdp parameter
+// views], Note [releasing a storage] in core/storage.h).
 //
-//   forward   before each unit runs, its flat parameter is all-gathered into a fresh buffer and
-//             the module's parameters become views of it (every forward: the shards may have
-//             been stepped since);
-//   backward  once all of a unit's gradients are final (gradient hooks), they are packed,
-//             reduce-scattered (average, DDP's) in unit order on every rank, added into the flat
-//             parameter's .grad, and the module's parameters are released (their storage becomes
-//             empty; the memory goes once autograd frees the graph);
+//   forward   before each unit runs, its flat parameter is all-gathered into its Storage (every
+//             forward: the shards may have been stepped since); with forward_prefetch the next
+//             unit's all-gather is issued before this unit computes;
+//   after     FULL_SHARD (reshard_after_forward): the unit's Storage is released right after its
+//             forward, although autograd's saved tensors alias it: the bytes go (not the last
+//             unit's, whose backward comes next, as PyTorch keeps the root unsharded);
+//   backward  FULL_SHARD: a hook on the unit's output gradient gathers the unit again into the
+//             same Storage before its backward runs (BACKWARD_PRE prefetch: the previous unit's
+//             all-gather is issued first); once all of a unit's gradients are final (gradient
+//             hooks), they are packed, the unit is released, and they are reduce-scattered
+//             (average, DDP's) in unit order on every rank and added into the flat parameter's
+//             .grad (BACKWARD_POST prefetch: the previous unit's all-gather is issued then);
 //   no grad   (eval, NoGradGuard) a unit is released right after its forward.
+// Every rank issues the same collectives in the same order: the graphs are the same, and the
+// engine runs them in a fixed order.
 //
 // Strategies (PyTorch's ShardingStrategy):
+//   FULL_SHARD     parameters, gradients and optimizer state sharded; a unit is whole only
+//                  during its forward and its backward (ZeRO-3). The default.
 //   SHARD_GRAD_OP  parameters sharded at rest, whole from a unit's forward to its backward;
 //                  gradients and optimizer state sharded (ZeRO-2 plus parameters at rest).
 //   NO_SHARD       nothing sharded: each unit's parameters live in its flat parameter, gradients
 //                  are allreduced per unit (DDP).
-//   FULL_SHARD     resharding right after forward, gathering again before backward: not built
-//                  (a ValueError). Autograd's saved tensors share the parameters' storage, and a
-//                  storage cannot release its bytes while they hold it (docs/12-sharding.md).
-// Outside forward and backward the module's sharded parameters hold no bytes: read them inside
-// summon_full_params(), not otherwise (a kernel on a released parameter reads no memory).
+// Outside forward, backward and summon_full_params() the module's sharded parameters hold no
+// bytes: a kernel that reads one then is a ValueError naming it (Tensor::raw_data).
 // BatchNorm buffers are not broadcast in forward.
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "core/stream.h"
 #include "nn/module.h"
 #include "parallel/distributed/process_group.h"
+
+namespace tandem::parallel {
+class Trace;
+}
 
 namespace tandem::parallel::sharded {
 
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD };
 const char* sharding_strategy_name(ShardingStrategy s);
+// When backward issues the all-gather of the unit it needs next (PyTorch's BackwardPrefetch):
+// BACKWARD_PRE before the current unit's gradients are computed (more memory: two units whole
+// during them), BACKWARD_POST after (once the current unit is released).
+enum class BackwardPrefetch { BACKWARD_PRE, BACKWARD_POST };
 
 struct FullyShardedDataParallelOptions {
-  ShardingStrategy sharding_strategy = ShardingStrategy::SHARD_GRAD_OP;
-  // Unset: the strategy's (FULL_SHARD true, the others false). true is not built.
+  ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
+  // Release each unit after its forward and gather it again before its backward. Unset: the
+  // strategy's (FULL_SHARD true, the others false); true with NO_SHARD is a ValueError.
   std::optional<bool> reshard_after_forward;
+  // Unset: no prefetch in backward (each unit gathered when its backward begins).
+  std::optional<BackwardPrefetch> backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  // Issue the next unit's all-gather before the current unit's forward computes.
+  bool forward_prefetch = false;
 };
 
 // Bytes one rank holds now, from the tensors it holds.
@@ -71,7 +93,7 @@ struct FsdpMemory {
 class FullyShardedDataParallel {
  public:
   // Broadcasts rank 0's parameters and buffers, builds the units and their shards, and (when
-  // sharded) releases the module's parameters. ValueError for FULL_SHARD or
+  // sharded) releases the module's parameters. ValueError for NO_SHARD with
   // reshard_after_forward, a module without trainable parameters, parameters of several dtypes
   // or on another device than the group's.
   FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
@@ -91,7 +113,9 @@ class FullyShardedDataParallel {
   int64_t unit_numel(size_t u) const { return units_.at(u).numel; }
   int64_t unit_shard_numel(size_t u) const { return units_.at(u).shard; }
 
-  // RAII: every unit's parameters whole (all-gathered) while alive, released again after.
+  // RAII: every unit's parameters whole (all-gathered) while alive, released again after. Not
+  // between a forward and its backward (the release would leave the backward nothing to read:
+  // a ValueError naming the parameter).
   class FullParams {
    public:
     explicit FullParams(FullyShardedDataParallel& fsdp);
@@ -108,6 +132,12 @@ class FullyShardedDataParallel {
   distributed::ProcessGroup& process_group() { return *group_; }
   const FullyShardedDataParallelOptions& options() const { return options_; }
   FsdpMemory memory() const;
+  bool reshard_after_forward() const { return reshard_; }
+
+  // Spans per unit on the trace's device (null: none): "gather u" and "reduce-scatter u" (or
+  // "allreduce u") on track "comm" from issue to wait, "forward u", "backward u" (FULL_SHARD:
+  // from the gathered unit to its final gradients) and "free u" on track "compute".
+  void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
   struct Unit {
@@ -116,23 +146,35 @@ class FullyShardedDataParallel {
     std::vector<int64_t> offset;
     int64_t numel = 0, shard = 0;
     Tensor flat_param;  // [S] a leaf: the optimizer's parameter
-    bool gathered = false;
+    Tensor full;        // [N S] on the Storage the parameters view (sharded strategies)
+    bool current = false;  // full holds the all-gathered shards of this forward or backward
+    distributed::WorkPtr gathering;  // the all-gather in flight into full
     // During backward:
     size_t pending = 0;
     Tensor staging, incoming;
     distributed::WorkPtr work;
+    // Trace: when the all-gather, the backward and the reduce-scatter began.
+    Event gather_start{true}, backward_start{true}, reduce_start{true};
+    bool backward_open = false;
   };
   bool sharded() const { return options_.sharding_strategy != ShardingStrategy::NO_SHARD; }
-  void gather(Unit& u);
-  void release(Unit& u);
+  void issue_gather(size_t unit);
+  void wait_gather(size_t unit);
+  void release(size_t unit);
+  Tensor run_unit(size_t unit, nn::Module& m, const Tensor& x, bool backward_follows);
+  void pre_backward(size_t unit);
+  void begin_backward();
   void on_gradient(size_t unit, size_t slot, const Tensor& grad);
-  void launch_ready();
-  void finish_unit(Unit& u);
+  void launch_ready(bool prefetch);
+  void finish_unit(size_t unit);
   void finish_backward();
+  Event now() const;
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<distributed::ProcessGroup> group_;
   FullyShardedDataParallelOptions options_;
+  bool reshard_ = false;
+  Trace* trace_ = nullptr;
   std::vector<Unit> units_;
   std::vector<int> unit_of_child_;  // per child of a Sequential root: its unit or -1
   bool sequential_ = false;

@@ -82,7 +82,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
   TANDEM_CHECK(group_ != nullptr, Value, "ZeroRedundancyOptimizer: no process group");
   TANDEM_CHECK(optimizer_class != nullptr, Value, "ZeroRedundancyOptimizer: no optimizer class");
   TANDEM_CHECK(options_.stage == 1 || options_.stage == 2, Value, "ZeroRedundancyOptimizer: stage ",
-               options_.stage, " is not built (1: optimizer state, 2: + gradients)");
+               options_.stage,
+               " is not one of 1 (optimizer state) and 2 (+ gradients); stage 3, the parameters "
+               "sharded too, is FullyShardedDataParallel with FULL_SHARD (parallel/sharded/fsdp.h)");
   TANDEM_CHECK(!(options_.stage == 2 && options_.gradients_reduced), Value,
                "ZeroRedundancyOptimizer: gradients_reduced needs stage 1 (stage 2 reduces the "
                "gradients itself)");

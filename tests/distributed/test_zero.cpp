@@ -73,7 +73,10 @@ TEST_CASE("ZeroRedundancyOptimizer: bad options are errors that say what is wron
   o.stage = 3;
   CHECK(contains(error_message<ValueError>(
                      [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
-                 "stage 3 is not built"));
+                 "stage 3 is not one of 1"));
+  CHECK(contains(error_message<ValueError>(
+                     [&] { ZeroRedundancyOptimizer(net->parameters(), adam, one.group, o); }),
+                 "FullyShardedDataParallel with FULL_SHARD"));
   o.stage = 2;
   o.gradients_reduced = true;
   CHECK(contains(error_message<ValueError>(
@@ -165,7 +168,7 @@ TEST_CASE(
 #endif
 
 #ifdef TANDEM_WITH_GLOO
-TEST_CASE("FullyShardedDataParallel: FULL_SHARD and reshard_after_forward are named as not built",
+TEST_CASE("FullyShardedDataParallel: bad options and reads of released parameters are errors",
           "[dist][zero][fsdp]") {
   using tandem::parallel::sharded::FullyShardedDataParallel;
   using tandem::parallel::sharded::FullyShardedDataParallelOptions;
@@ -174,15 +177,60 @@ TEST_CASE("FullyShardedDataParallel: FULL_SHARD and reshard_after_forward are na
   using tandem::test::error_message;
   OneRank one;
   FullyShardedDataParallelOptions o;
-  o.sharding_strategy = ShardingStrategy::FULL_SHARD;
-  CHECK(contains(
-      error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
-      "FULL_SHARD is not built"));
-  o.sharding_strategy = ShardingStrategy::SHARD_GRAD_OP;
+  o.sharding_strategy = ShardingStrategy::NO_SHARD;
   o.reshard_after_forward = true;
   CHECK(contains(
       error_message<ValueError>([&] { FullyShardedDataParallel(small_net(1), one.group, o); }),
-      "SHARD_GRAD_OP with reshard_after_forward is not built"));
+      "NO_SHARD with reshard_after_forward"));
+  // At rest a sharded parameter holds no bytes: a kernel on it names it instead of reading.
+  auto net = small_net(1);
+  FullyShardedDataParallel fsdp(net, one.group);
+  CHECK(fsdp.reshard_after_forward());  // FULL_SHARD, the default
+  const Tensor w = net->parameters()[0];
+  CHECK(contains(error_message<ValueError>([&] { w.to_vector<float>(); }), "Tensor[7,5] float32 cpu"));
+  CHECK(contains(error_message<ValueError>([&] { w.to_vector<float>(); }), "summon_full_params"));
+  {
+    auto full = fsdp.summon_full_params();
+    CHECK(w.to_vector<float>().size() == 35);
+  }
+  CHECK(contains(error_message<ValueError>([&] { w.to_vector<float>(); }), "released"));
+}
+
+TEST_CASE("FullyShardedDataParallel FULL_SHARD of one rank trains to the plain optimizer's bits",
+          "[dist][zero][fsdp]") {
+  using tandem::parallel::sharded::BackwardPrefetch;
+  using tandem::parallel::sharded::FullyShardedDataParallel;
+  using tandem::parallel::sharded::FullyShardedDataParallelOptions;
+  OneRank one;
+  for (int prefetch = 0; prefetch < 3; ++prefetch) {
+    INFO("backward prefetch " << prefetch << " (0 none, 1 pre, 2 post), forward prefetch too");
+    auto net = small_net(6), ref = small_net(6);
+    FullyShardedDataParallelOptions o;
+    if (prefetch == 0) o.backward_prefetch.reset();
+    if (prefetch == 2) o.backward_prefetch = BackwardPrefetch::BACKWARD_POST;
+    o.forward_prefetch = prefetch > 0;
+    FullyShardedDataParallel fsdp(net, one.group, o);
+    nn::optim::AdamW opt(fsdp.parameters(), nn::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    nn::optim::AdamW plain(ref->parameters(), nn::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    Generator gen(8);
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+      Tensor y = from_vector<int64_t>({2, 0, 1, 1}, {4}, kCPU);
+      opt.zero_grad();
+      Tensor loss = cross_entropy(fsdp(x), y);
+      // After forward only the last unit is whole (its backward comes next).
+      CHECK(fsdp.memory().parameters == (21 + 3) * 4);
+      loss.backward();
+      opt.step();
+      CHECK(fsdp.memory().parameters == 0);
+      plain.zero_grad();
+      cross_entropy(ref->forward(x), y).backward();
+      plain.step();
+    }
+    auto full = fsdp.summon_full_params();
+    auto a = net->parameters(), b = ref->parameters();
+    for (size_t k = 0; k < a.size(); ++k) CHECK(a[k].to_vector<float>() == b[k].to_vector<float>());
+  }
 }
 
 TEST_CASE("FullyShardedDataParallel of one rank steps like the plain optimizer, sharded at rest",
@@ -283,6 +331,23 @@ std::map<std::string, int64_t> memory_line(const std::string& out, const std::st
   return v;
 }
 
+// Two ranks started by hand (no launcher stops rank 0 early: it must end on its own) running
+// `args`, in which rank 1 SIGKILLs itself: rank 0 exits 1 within its 5 s timeout (plus start
+// and teardown), naming `collective` on rank 0 of 2 and rank 1 as gone.
+void check_killed_pair(const TempDir& dir, const std::string& args, const std::string& collective) {
+  const int port = tandem::parallel::distributed::free_port();
+  const std::string common = env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(port) + " TANDEM_JOB_ID=z" + std::to_string(port) + " ";
+  const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " " + args;
+  Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & " + common + "RANK=0 LOCAL_RANK=0 " + w +
+                         "; echo rank0 exit $?; wait)");
+  INFO(args << "\n" << r.output);
+  CHECK(contains(r.output, "rank0 exit 1"));
+  CHECK(r.seconds < 5 + 10);
+  CHECK(std::regex_search(r.output, std::regex(collective + " #[0-9]+ .* on rank 0 of 2")));
+  CHECK(contains(r.output, "rank 1 is gone"));
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -356,21 +421,8 @@ TEST_CASE("ZeRO: a rank killed inside a reduce-scatter or an all-gather ends the
   };
   for (const Case& c : {Case{1, "reduce", "reduce_scatter"}, Case{1, "gather", "allgather"},
                         Case{2, "reduce", "reduce_scatter"}, Case{2, "gather", "allgather"}}) {
-    // Started by hand: no launcher stops rank 0 early, it must end on its own.
-    const int port = tandem::parallel::distributed::free_port();
-    const std::string common =
-        env(5) + "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-        std::to_string(port) + " TANDEM_JOB_ID=z" + std::to_string(port) + " ";
-    const std::string w = std::string(TANDEM_DIST_WORKER_PATH) + " zero-kill --stage " +
-                          std::to_string(c.stage) + " --kill-at " + c.at;
-    Result r = sh(dir, "(" + common + "RANK=1 LOCAL_RANK=1 " + w + " & " + common +
-                           "RANK=0 LOCAL_RANK=0 " + w + "; echo rank0 exit $?; wait)");
-    INFO("stage " << c.stage << ", killed at " << c.at << "\n" << r.output);
-    CHECK(contains(r.output, "rank0 exit 1"));
-    CHECK(r.seconds < 5 + 10);
-    CHECK(std::regex_search(r.output,
-                            std::regex(std::string(c.collective) + " #[0-9]+ .* on rank 0 of 2")));
-    CHECK(contains(r.output, "rank 1 is gone"));
+    check_killed_pair(dir, "zero-kill --stage " + std::to_string(c.stage) + " --kill-at " + c.at,
+                      c.collective);
   }
 }
 TEST_CASE(
@@ -406,6 +458,113 @@ TEST_CASE(
       CHECK(rest["flat"] == shard * 4);
       CHECK(back["grads"] == shard * 4);  // only the flat parameters' gradients
     }
+  }
+}
+
+// The fsdp-full modes (tests/distributed/worker_fsdp_full.cpp): six Linear units of 416, 1584,
+// 1960, 984, 1000 and 287 parameters (eleven, 13071 parameters, in the memory mode).
+int64_t padded_sum(const std::vector<int64_t>& units, int n) {
+  int64_t total = 0;
+  for (int64_t u : units) total += (u + n - 1) / n;
+  return total;
+}
+
+TEST_CASE(
+    "FSDP FULL_SHARD over Gloo trains to DDP's and one process's parameters (SGD+momentum, Adam, "
+    "AdamW), with and without accumulation over two micro-batches",
+    "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::vector<int64_t> units = {416, 1584, 1960, 984, 1000, 287};
+  std::vector<std::pair<int, std::string>> cases;
+  for (int ranks : {2, 3}) {
+    for (const char* optim : {"sgd", "adam", "adamw"}) {
+      for (const char* accum : {"", " --accum"}) cases.emplace_back(ranks, std::string("--optim ") + optim + accum);
+    }
+  }
+  cases.emplace_back(3, "--optim adam --prefetch post --forward-prefetch");
+  cases.emplace_back(2, "--optim adamw --prefetch none --accum");
+  for (const auto& [ranks, args] : cases) {
+    Result r = run(dir, ranks, "fsdp-full " + args + " --steps 4 --batch 12");
+    INFO(ranks << " ranks, " << args << "\n" << r.output);
+    CHECK(r.code == 0);
+    CHECK(contains(r.output, "units 6: 416 1584 1960 984 1000 287"));
+    CHECK(number_after(r.output, "full_vs_ref") >= 0);
+    CHECK(number_after(r.output, "full_vs_ref") <= 1e-6);
+    CHECK(count(r.output, "full_vs_ddp") == size_t(ranks));
+    CHECK(param_hashes(r.output).size() == 1);
+    for (int rank = 0; rank < ranks; ++rank) {
+      auto rest = memory_line(r.output, "rest", rank, "fsdp-full-memory");
+      REQUIRE(!rest.empty());
+      CHECK(rest["params"] == 0);  // at rest: only the shards, Ψ/N plus the padding
+      CHECK(rest["flat"] == padded_sum(units, ranks) * 8);  // float64
+      CHECK(rest["grads"] == padded_sum(units, ranks) * 8);
+    }
+  }
+}
+
+TEST_CASE(
+    "FSDP FULL_SHARD: the allocator's peak falls below SHARD_GRAD_OP's by the parameters less "
+    "about two units",
+    "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::vector<int64_t> units = {416, 1584, 1960, 984, 1000, 1312, 1584, 1960, 984, 1000, 287};
+  for (int n : {2, 3}) {
+    std::map<std::string, Result> runs;
+    for (const char* s : {"full", "grad-op"}) runs[s] = run(dir, n, std::string("fsdp-full-memory --strategy ") + s);
+    const int64_t whole = 4 * n * padded_sum(units, n), unit = 4 * n * ((1960 + n - 1) / n);
+    for (int rank = 0; rank < n; ++rank) {
+      auto full = memory_line(runs["full"].output, "strategy full", rank, "fsdp-full-peak");
+      auto op = memory_line(runs["grad-op"].output, "strategy grad-op", rank, "fsdp-full-peak");
+      INFO(n << " ranks, rank " << rank << "\n" << runs["full"].output << runs["grad-op"].output);
+      REQUIRE(runs["full"].code == 0);
+      REQUIRE(runs["grad-op"].code == 0);
+      REQUIRE(!full.empty());
+      REQUIRE(!op.empty());
+      // Each peak is taken above the bytes the rank held before that step's forward (which vary
+      // by a few hundred bytes with when Gloo's thread drops a finished collective's buffers).
+      // Forward: SHARD_GRAD_OP ends it with every unit whole, FULL_SHARD with one unit at most.
+      const int64_t forward_gap = op["forward_above_rest"] - full["forward_above_rest"];
+      CHECK(forward_gap >= whole - 2 * unit);
+      CHECK(forward_gap <= whole);
+      // Forward and backward: FULL_SHARD holds two units (the current one, the prefetched one)
+      // where SHARD_GRAD_OP holds them all; the gradients' buffers are the same in both.
+      CHECK(op["above_rest"] - full["above_rest"] >= unit);
+    }
+  }
+}
+
+TEST_CASE("FSDP FULL_SHARD: a rank killed before an all-gather of forward or backward ends the other, naming it",
+          "[dist][zero][fsdp][failure]") {
+  TempDir dir;
+  for (const char* at : {"forward", "backward"}) {
+    check_killed_pair(dir, std::string("fsdp-full-kill --kill-at ") + at, "allgather");
+  }
+}
+
+TEST_CASE("FSDP FULL_SHARD: the timeline has each unit's gather, compute, free and reduce-scatter on both ranks",
+          "[dist][zero][fsdp]") {
+  TempDir dir;
+  const std::string path = dir.file("fsdp.json");
+  Result r = run(dir, 2, "fsdp-full --optim sgd --steps 2 --forward-prefetch --trace " + path);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  CHECK(contains(json, "\"rank 0\""));
+  CHECK(contains(json, "\"rank 1\""));
+  // One traced step: per rank, a forward gather of each unit and a pre-backward gather of each but
+  // the last (kept whole), a forward, a backward and a reduce-scatter of each, a free of each
+  // after its forward but the last and one after its backward.
+  for (int u = 0; u < 6; ++u) {
+    const std::string n = " " + std::to_string(u) + "\"";
+    INFO("unit " << u);
+    CHECK(count(json, "\"gather" + n) == size_t(2 * (u < 5 ? 2 : 1)));
+    CHECK(count(json, "\"forward" + n) == 2);
+    CHECK(count(json, "\"backward" + n) == 2);
+    CHECK(count(json, "\"reduce-scatter" + n) == 2);
+    CHECK(count(json, "\"free" + n) == size_t(2 * (u < 5 ? 2 : 1)));
   }
 }
 #endif
