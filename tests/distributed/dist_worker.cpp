@@ -67,6 +67,7 @@
 
 #include "autograd/ops.h"
 #include "distributed/dist_test_model.h"
+#include "distributed/worker_tensor_parallel.h"
 #include "core/allocator.h"
 #include "core/generator.h"
 #include "nn/nn.h"
@@ -1240,6 +1241,7 @@ int main(int argc, char** argv) {
     else if (mode == "pipeline-bench") run_pipeline_bench(ctx.group, f);
     else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
     else if (mode == "grid") run_grid(ctx.group, f);
+    else if (mode.rfind("tensor-parallel", 0) == 0) tandem::test::run_tensor_parallel(mode, ctx.group, f.args);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {
