@@ -63,7 +63,7 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
 // the program has said what its model is). Each bad combination is one ArgsError.
 void configure_pipeline(const Args& args, TrainConfig& cfg) {
   if (cfg.parallel == "tensor") {
-    for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
+    for (const char* name : {"checkpoint", "resume", "detect-anomaly", "trace"})
       if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel tensor yet");
     if (cfg.precision != "fp32")
       throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel tensor yet");

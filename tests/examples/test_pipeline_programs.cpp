@@ -237,6 +237,8 @@ TEST_CASE("lenet and resnet reject bad pipeline flags with one line and exit cod
        "least one feature of the middle"},
       {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --micro-batches 2",
        "lenet: --micro-batches is for --parallel pipeline"},
+      {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --trace t.json",
+       "lenet: --trace is not supported with --parallel tensor yet"},
   };
   for (const Case& c : cases) {
     Result r = run_program(std::string(c.program) + data + " " + c.flags, dir);
