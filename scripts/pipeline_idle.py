@@ -15,8 +15,8 @@ import json
 import sys
 
 
-def main():
-    path, m = sys.argv[1], int(sys.argv[2])
+def measure(path, m):
+    """(P, mean step in ms, {stage pid: mean idle fraction}) of the trace at `path`."""
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     stages = {}
     for e in events:
@@ -34,7 +34,13 @@ def main():
         for s, v in step.items():
             idle[s].append(1 - sum(e["dur"] for e in v) / (t1 - t0))
     mean = lambda v: sum(v) / len(v)
-    cells = [str(m), f"{mean(windows) / 1000:.1f}"] + [f"{mean(idle[s]):.2f}" for s in sorted(idle)]
+    return p, mean(windows) / 1000, {s: mean(v) for s, v in idle.items()}
+
+
+def main():
+    path, m = sys.argv[1], int(sys.argv[2])
+    p, step_ms, idle = measure(path, m)
+    cells = [str(m), f"{step_ms:.1f}"] + [f"{idle[s]:.2f}" for s in sorted(idle)]
     print("| " + " | ".join(cells + [f"{(p - 1) / (m + p - 1):.2f}"]) + " |")
 
 

@@ -39,10 +39,8 @@ std::vector<Device> parse_devices_flag(const Args& args) {
 // (gloo); the flags that choose devices inside one process do not apply.
 void configure_distributed(const Args& args, TrainConfig& cfg) {
   for (const char* name : {"devices", "parallel", "comm"})
-    if (args.given(name) && !(std::string(name) == "parallel" && args.str("parallel") == "pipeline")) {
-      if (std::string(name) == "parallel" && args.str("parallel") == "tensor")
-        throw ArgsError("--parallel tensor splits layers over the devices of one process (--devices), not over "
-                        "processes yet");
+    if (args.given(name) && !(std::string(name) == "parallel" &&
+                              (args.str("parallel") == "pipeline" || args.str("parallel") == "tensor"))) {
       throw ArgsError(std::string("--") + name + " is for one process; in a multi-process run each process "
                       "takes one device (LOCAL_RANK's GPU, or the CPU with --device cpu)");
     }
@@ -58,14 +56,14 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
   if (cfg.backend == "auto") cfg.backend = gpu ? "nccl" : "gloo";
   cfg.bucket_cap_mb = args.real("bucket-cap-mb", 1e-3, 1e5);
   cfg.overlap = !args.on("no-overlap");
-  if (args.given("parallel")) cfg.parallel = "pipeline";
+  if (args.given("parallel")) cfg.parallel = args.str("parallel");  // a stage, or a shard, per process
 }
 
 // --parallel pipeline's flags (the model's layers are checked in check_pipeline_model, once
 // the program has said what its model is). Each bad combination is one ArgsError.
 void configure_pipeline(const Args& args, TrainConfig& cfg) {
   if (cfg.parallel == "tensor") {
-    for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
+    for (const char* name : {"checkpoint", "resume", "detect-anomaly", "trace"})
       if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel tensor yet");
     if (cfg.precision != "fp32")
       throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel tensor yet");
@@ -91,10 +89,12 @@ void configure_pipeline(const Args& args, TrainConfig& cfg) {
 void check_pipeline_model(const TrainConfig& cfg, const std::string& description) {
   if (cfg.parallel == "tensor") {
     auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
-    const auto n = static_cast<int64_t>(cfg.devices.size());
+    const int64_t n = cfg.distributed ? parallel::distributed::read_dist_env().world_size
+                                      : static_cast<int64_t>(cfg.devices.size());
     if (!model || tensor_parallel_split_point(*model, n) < 0)
       throw ArgsError("--parallel tensor: " + description + " has no Linear -> ReLU/Sigmoid -> Linear whose " +
-                      std::to_string(n) + " devices each get at least one feature of the middle");
+                      std::to_string(n) + (cfg.distributed ? " processes" : " devices") +
+                      " each get at least one feature of the middle");
     return;
   }
   if (cfg.parallel != "pipeline") return;
@@ -116,6 +116,7 @@ std::string where(const TrainConfig& cfg) {
            (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")" +
            (cfg.parallel == "pipeline" ? " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) +
                                              " micro-batches, a stage per process]"
+            : cfg.parallel == "tensor" ? " [tensor, a shard per process]"
                                        : "");
   }
   std::string devs;
@@ -135,7 +136,7 @@ void add_common_flags(Args& args) {
                              "devices on one GPU");
   args.option("parallel", "scratch", "with several devices: scratch|dp (data-parallel) or pipeline (the layers cut "
                                      "into a stage per device, or per process under a launcher) or tensor (a Linear -> activation -> Linear split "
-                                     "over the devices)");
+                                     "over the devices, or over the processes under a launcher)");
   args.option("micro-batches", "1", "--parallel pipeline: micro-batches per batch");
   args.option("schedule", "1f1b", "--parallel pipeline: gpipe|1f1b");
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "

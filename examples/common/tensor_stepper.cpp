@@ -1,11 +1,14 @@
-// The tensor-parallel stepper (--parallel tensor, the devices of one process): the first
-// Linear -> activation -> Linear of the model split Megatron's way (parallel/tensor_parallel.h),
-// the first Linear by output features (ColumnParallelLinear), the second by input features
-// (RowParallelLinear), the activation applied per shard; the layers before and after are
-// replicated on every device. Every device computes the same loss from the same batch, and one
-// backward of the sum seeds each with 1 (Note [tensor-parallel ranks in one graph]), so the
-// replicas receive the whole gradient and stay equal under one optimizer over all parameters;
-// the numbers are the one-device run's up to rounding.
+// The tensor-parallel stepper (--parallel tensor): the first Linear -> activation -> Linear of
+// the model split Megatron's way (parallel/tensor_parallel.h), the first Linear by output
+// features (ColumnParallelLinear), the second by input features (RowParallelLinear), the
+// activation applied per shard; the layers before and after are replicated on every shard.
+// The shards are the devices of this process (--devices), or one per process of a job (under a
+// launcher: shard = rank). Every shard computes the same loss from the same batch and seeds it
+// with 1 (Note [tensor-parallel ranks in one graph]): in one process one backward of the sum,
+// in a job each rank its own backward. So the replicas receive the whole gradient and stay
+// equal under the same optimizer step, and the numbers are the one-device run's up to rounding.
+// In a job every rank reads the whole batch and holds the same epoch numbers; "summing across
+// processes" is a broadcast from rank 0 (which also decides a stop vote).
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "parallel/comm.h"
+#include "parallel/distributed/process_group.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tandem::examples {
@@ -41,15 +45,21 @@ class TensorParallelForward final : public nn::Module {
 
 class TensorParallelStepper final : public Stepper {
  public:
-  explicit TensorParallelStepper(const TrainConfig& cfg) : devices_(cfg.devices) {
+  explicit TensorParallelStepper(const TrainConfig& cfg) : group_(cfg.group) {
+    if (group_) {
+      tp_ = parallel::tensor_parallel_comm(group_);
+    } else {
+      comm_ = parallel::make_communicator(cfg.comm, cfg.devices);
+      tp_ = parallel::tensor_parallel_comm(*comm_);
+    }
+    devices_ = tp_->devices();
     auto model = std::dynamic_pointer_cast<nn::SequentialImpl>(cfg.make_model());
     TANDEM_CHECK(model != nullptr, Value, "--parallel tensor: ", cfg.model_name,
                  " is not a Sequential");
-    const int64_t at = tensor_parallel_split_point(*model, static_cast<int64_t>(devices_.size()));
+    const int64_t at = tensor_parallel_split_point(*model, tp_->world_size());
     TANDEM_CHECK(at >= 0, Value, "--parallel tensor: ", cfg.model_name,
-                 " has no Linear -> activation -> Linear that splits over ", devices_.size(),
-                 " devices");
-    comm_ = parallel::make_communicator(cfg.comm, devices_);
+                 " has no Linear -> activation -> Linear that splits over ", tp_->world_size(), " ",
+                 tp_->unit(), "s");
     const auto i = static_cast<size_t>(at);
     for (Device d : devices_) {
       auto before = std::make_shared<nn::SequentialImpl>(), after = std::make_shared<nn::SequentialImpl>();
@@ -65,8 +75,8 @@ class TensorParallelStepper final : public Stepper {
       after_.push_back(after);
       act_.push_back(act);
     }
-    fc1_ = std::make_unique<parallel::ColumnParallelLinear>(model->at<nn::Linear>(i), *comm_);
-    fc2_ = std::make_unique<parallel::RowParallelLinear>(model->at<nn::Linear>(i + 2), *comm_);
+    fc1_ = std::make_unique<parallel::ColumnParallelLinear>(model->at<nn::Linear>(i), tp_);
+    fc2_ = std::make_unique<parallel::RowParallelLinear>(model->at<nn::Linear>(i + 2), tp_);
     std::vector<Tensor> params;
     for (size_t r = 0; r < devices_.size(); ++r) {
       for (const Tensor& p : before_[r]->parameters()) params.push_back(p);
@@ -98,17 +108,22 @@ class TensorParallelStepper final : public Stepper {
     kernels::axpby_(static_cast<double>(b.x.size(0)), loss0.detach(), 1.0, loss_sum);
     kernels::count_correct(outs[0].detach(), b.y, correct);
   }
+  // Every rank holds the same numbers; rank 0's are the job's.
+  void sum_across_processes(const Tensor& t) override {
+    if (group_) group_->broadcast(t, 0)->wait();
+  }
   void set_lr(double lr) override { opt_->set_lr(lr); }
   nn::Module& eval_model() override {
     set_training(false);  // step() sets training mode again
     return *eval_;
   }
-  // The replica on the first device (without the split layers): what check_weights reads.
+  // The replica on the first shard held here (without the split layers): what check_weights
+  // reads.
   nn::Module& model() override { return *before_.front(); }
   nn::optim::Optimizer& optimizer() override { return *opt_; }
 
   // The first i such that layers i, i + 1, i + 2 are Linear, a parameter-free activation and
-  // Linear, with fc1's outputs = fc2's inputs >= n (one feature per device at least); -1 if none.
+  // Linear, with fc1's outputs = fc2's inputs >= n (one feature per shard at least); -1 if none.
   static int64_t tensor_parallel_split_point(const nn::SequentialImpl& model, int64_t n) {
     for (size_t i = 0; i + 2 < model.size(); ++i) {
       auto* a = dynamic_cast<nn::Linear*>(model[i].get());
@@ -139,8 +154,10 @@ class TensorParallelStepper final : public Stepper {
     }
   }
 
-  std::vector<Device> devices_;
-  std::unique_ptr<parallel::Communicator> comm_;
+  std::shared_ptr<parallel::distributed::ProcessGroup> group_;  // a job: one shard per rank
+  std::unique_ptr<parallel::Communicator> comm_;                  // one process: every shard
+  std::shared_ptr<parallel::TensorParallelComm> tp_;
+  std::vector<Device> devices_;  // the shards held here
   std::vector<std::shared_ptr<nn::SequentialImpl>> before_, after_;
   std::vector<std::shared_ptr<nn::Module>> act_;
   std::unique_ptr<parallel::ColumnParallelLinear> fc1_;

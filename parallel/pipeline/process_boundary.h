@@ -22,8 +22,9 @@
 // schedule that differs between ranks, a gradient whose shape is not that of the activation
 // sent) is a ValueError naming both sides instead of garbage. Sends do not wait: a stage
 // that waited for its send to be received could deadlock with a neighbour that is itself
-// sending (1F1B's steady state); the sent tensors are kept until finish() waits for them at
-// the end of the step. Every receive waits at most the group's timeout, and a neighbour that
+// sending (1F1B's steady state); a sent tensor is kept until a later receive proves that the
+// neighbour has it (Note [sent tensors are released]), and finish() waits for the rest at the
+// end of the step. Every receive waits at most the group's timeout, and a neighbour that
 // died fails it through the group (its monitor names the rank).
 #include <memory>
 #include <string>
@@ -51,6 +52,12 @@ class ProcessBoundary : public Boundary {
   // Later receives throw at once (the stage's own failure; the neighbours learn of it through
   // the group or the launcher).
   void abort(const std::string& why) override;
+  // The schedule every rank runs, which lets a receive release the sends it proves received
+  // (Note [sent tensors are released]); null (the default): every send is kept until finish().
+  // It must outlive its use here.
+  void set_schedule(const Schedule* schedule) { schedule_ = schedule; }
+  // Sends not yet known to be received (their tensors held).
+  size_t pending_sends() const { return pending_.size(); }
   // Waits for every send since the last call (rethrowing a failed one) and forgets the shapes
   // of the activations sent. The end of a step.
   void finish();
@@ -58,13 +65,21 @@ class ProcessBoundary : public Boundary {
  private:
   enum What { kActivation = 0, kGrad = 1 };
   void send(What what, int to, int micro_batch, const Tensor& t);
+  // Where stage `stage` receives (or sends) micro-batch m's message of kind `what`: the index
+  // in its action list of F(m) for an activation, B(m) for a gradient; -1 without a schedule.
+  int position(int stage, What what, int micro_batch) const;
+  // Waits for and drops the sends to `peer` that it received before its action `at`.
+  void release_received(int peer, int at);
   Tensor recv(What what, int stage, int from, int micro_batch, Device device);
 
   std::shared_ptr<distributed::ProcessGroup> group_;
   struct Pending {
     distributed::WorkPtr work;
     Tensor keep;  // alive until the send completed
+    int to = -1;
+    int received_at = -1;  // position(to, ...) of the message; -1: unknown, kept until finish()
   };
+  const Schedule* schedule_ = nullptr;
   std::vector<Pending> pending_;
   // The shape of micro-batch m's activation sent forward, which its gradient must have.
   std::vector<std::vector<int64_t>> sent_shape_;
@@ -85,6 +100,9 @@ class ProcessPipeline {
   // has a module on `stage.device`.
   ProcessPipeline(Stage stage, Schedule schedule, LossFn loss_fn,
                   std::shared_ptr<distributed::ProcessGroup> group);
+  // The boundary reads schedule_ where it is: not copied, not moved.
+  ProcessPipeline(const ProcessPipeline&) = delete;
+  ProcessPipeline& operator=(const ProcessPipeline&) = delete;
 
   // One step on this stage: every rank passes the same (x, target) (stage 0 uses x, the last
   // stage the targets; the others only their row count), as Pipeline::step. Returns the whole

@@ -46,9 +46,12 @@
 //                          LeNet split into one stage per rank (ProcessPipeline); every rank also
 //                          trains the whole model in-process on the same batches and prints
 //                          "stage S max_rel_err X loss_err Y" for its stage's parameters
-//   pipeline-bench [--micro-batches M] [--steps S] [--width W] [--trace FILE]
-//                          a stage per rank of equal cost (Linear(W, W) + ReLU, 4 of them), a
-//                          batch of 256, 1F1B; rank 0 writes the merged timeline of the steps
+//   pipeline-bench [--schedule gpipe|1f1b] [--micro-batches M] [--steps S] [--width W]
+//                  [--layers L] [--rows R] [--trace FILE]
+//                          a stage per rank of equal cost (Linear(W, W) + ReLU, L of them), a
+//                          batch of 256 (or M micro-batches of R rows), 1F1B by default; prints
+//                          each stage's step time and allocator peak; rank 0 writes the merged
+//                          timeline of the steps after the first
 //   pipeline-messages      2 ranks: a gradient of the wrong shape and an unexpected micro-batch
 //                          over ProcessBoundary; prints the errors ("caught: ...")
 //   grid [--stages P] [--replicas D] [--schedule ..] [--micro-batches M] [--adam] [--steps S]
@@ -68,6 +71,7 @@
 #include "autograd/ops.h"
 #include "distributed/dist_test_model.h"
 #include "distributed/worker_fsdp_full.h"
+#include "distributed/worker_tensor_parallel.h"
 #include "core/allocator.h"
 #include "core/generator.h"
 #include "nn/nn.h"
@@ -1097,34 +1101,50 @@ void run_pipeline_messages(const std::shared_ptr<ProcessGroup>& group) {
 }
 
 // Equal stages, so the idle time is the schedule's bubble (and the messages), not an imbalance.
+// Each rank is one stage, so the allocator's counters of this process are this stage's own.
 void run_pipeline_bench(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
   namespace pp = tandem::parallel::pipeline;
   const int P = group->size(), s = group->rank();
   const int M = int(f.num("--micro-batches", 4)), steps = int(f.num("--steps", 10));
-  const int64_t width = f.num("--width", 512), batch = 256;
-  std::string trace_path;
-  for (size_t i = 0; i + 1 < f.args.size(); ++i) if (f.args[i] == "--trace") trace_path = f.args[i + 1];
+  const int64_t width = f.num("--width", 512), layers = f.num("--layers", 4), rows = f.num("--rows", 0);
+  const int64_t batch = rows > 0 ? rows * M : 256;  // --rows R: micro-batches of R rows
+  std::string trace_path, kind = "1f1b";
+  for (size_t i = 0; i + 1 < f.args.size(); ++i) {
+    if (f.args[i] == "--trace") trace_path = f.args[i + 1];
+    if (f.args[i] == "--schedule") kind = f.args[i + 1];
+  }
   Generator gen(5);
   auto model = std::make_shared<nn::SequentialImpl>();
-  for (int k = 0; k < 4 * P; ++k) {
+  for (int k = 0; k < layers * P; ++k) {
     model->push_back(std::make_shared<nn::Linear>(width, width, true, gen));
     model->push_back(std::make_shared<nn::ReLU>());
   }
-  const pp::Stage stage = pp::stage_of_balance(*model, std::vector<int64_t>(size_t(P), 8), s, g_device);
-  pp::ProcessPipeline pipe(stage, pp::schedule_1f1b(P, M),
+  const pp::Stage stage = pp::stage_of_balance(*model, std::vector<int64_t>(size_t(P), 2 * layers), s, g_device);
+  pp::ProcessPipeline pipe(stage, pp::schedule_by_name(kind, P, M),
                            [](const Tensor& out, const Tensor&) { return mean(out * out); }, group);
   nn::optim::SGD opt(stage.module->parameters(), 1e-3);
+  size_t grad_bytes = 0;  // the gradients a step allocates (zero_grad set them to none)
+  for (const Tensor& p : stage.module->parameters()) grad_bytes += size_t(p.numel()) * sizeof(float);
   parallel::Trace trace(g_device, s, "stage " + std::to_string(s));
   Tensor x = randn({batch, width}, kFloat32, kCPU, &gen), y = zeros({batch}, kFloat32);
-  const auto t0 = std::chrono::steady_clock::now();
+  double ms = 0;
+  size_t peak = 0;  // the most the step allocated above what was live before it
   for (int k = 0; k < steps; ++k) {
     pipe.set_trace(k > 0 ? &trace : nullptr);  // the first step warms up
     opt.zero_grad();
+    const size_t live = allocated_bytes(g_device);
+    reset_max_allocated_bytes(g_device);
+    const auto t0 = std::chrono::steady_clock::now();
     pipe.step(x, y);
     opt.step();
+    if (k == 0) continue;
+    ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    peak = std::max(peak, max_allocated_bytes(g_device) - live);
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("stage %d M %d steps %d: %.2f ms per step\n", s, M, steps, ms / steps);
+  std::printf("stage %d %s M %d batch %lld steps %d: %.2f ms per step, peak %.3f MB above live, "
+              "of which gradients %.3f MB, in_flight %d\n",
+              s, kind.c_str(), M, static_cast<long long>(batch), steps - 1, ms / std::max(1, steps - 1), peak / 1e6,
+              grad_bytes / 1e6, pipe.max_in_flight());
   if (!trace_path.empty()) {
     group->store().set("bench-trace/" + std::to_string(s), trace.json());
     if (s == 0) {
@@ -1242,6 +1262,7 @@ int main(int argc, char** argv) {
     else if (mode == "pipeline-messages") run_pipeline_messages(ctx.group);
     else if (mode == "grid") run_grid(ctx.group, f);
     else if (test::run_fsdp_full_mode(mode, ctx.group, f.args)) {}
+    else if (mode.rfind("tensor-parallel", 0) == 0) tandem::test::run_tensor_parallel(mode, ctx.group, f.args);
     else throw std::runtime_error("unknown mode " + mode);
     return 0;
   } catch (const std::exception& e) {

@@ -1,8 +1,9 @@
 // One pipeline stage per process over Gloo: the test worker (tests/distributed/dist_worker.cpp,
 // mode "pipeline") started by tandem-run with 2 and 4 ranks on localhost. GPipe and 1F1B with
 // M in {1, 2, 3, 4, 8} on a batch of 11 (uneven micro-batches) reach the parameters of
-// one-device training after 3 steps (LeNet, SGD with momentum and Adam); a killed stage ends the
-// job naming the rank; a header that is not the one expected is an error naming both sides.
+// one-device training after 3 steps (LeNet, SGD with momentum and Adam); each stage's activation
+// memory is flat in M under 1F1B and grows under GPipe; a killed stage ends the job naming the
+// rank; a header that is not the one expected is an error naming both sides.
 // Timeouts are test-sized (TANDEM_DIST_TIMEOUT).
 #if defined(TANDEM_DIST_WORKER_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
 #include <sys/wait.h>
@@ -85,6 +86,41 @@ TEST_CASE("pipeline over 4 processes equals one-device training (SGD momentum)",
 
 TEST_CASE("pipeline over 4 processes equals one-device training (Adam)", "[dist][pipeline]") {
   check_equals_one_device(4, "--adam");
+}
+
+// Every "stage S <schedule> M m ... peak X MB above live, of which gradients G MB" line: {S: X - G}.
+std::map<int, double> activation_peaks(const std::string& out) {
+  std::map<int, double> peaks;
+  std::regex re("stage ([0-9]+) [a-z0-9]+ M [0-9]+ .* peak ([.0-9]+) MB above live, of which gradients ([.0-9]+) MB");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    peaks[std::stoi((*it)[1])] = std::stod((*it)[2]) - std::stod((*it)[3]);
+  return peaks;
+}
+
+TEST_CASE("Over processes, 1F1B's activation memory per stage stays flat in M and GPipe's grows",
+          "[dist][pipeline][memory]") {
+  // Micro-batches of a fixed 32 rows, so the batch grows with M: each process is one stage and
+  // its allocator peak is the stage's own (Note [sent tensors are released]). From M = 4 on,
+  // 1F1B is in its steady state on both stages (a weight gradient accumulated while two
+  // micro-batches are held), so the peaks compare like with like.
+  TempDir dir;
+  std::map<std::string, std::map<int, std::map<int, double>>> peak;  // [schedule][M][stage]
+  for (const char* kind : {"gpipe", "1f1b"}) {
+    for (int M : {4, 16}) {
+      Result r = run(dir, 2, std::string("pipeline-bench --schedule ") + kind + " --micro-batches " +
+                                 std::to_string(M) + " --rows 32 --width 128 --layers 2 --steps 3");
+      INFO(kind << " M " << M << "\n" << r.output);
+      REQUIRE(r.code == 0);
+      peak[kind][M] = activation_peaks(r.output);
+      REQUIRE(peak[kind][M].size() == 2);
+    }
+  }
+  for (int s : {0, 1}) {
+    INFO("stage " << s << ": gpipe " << peak["gpipe"][4][s] << " -> " << peak["gpipe"][16][s] << " MB, 1f1b "
+                  << peak["1f1b"][4][s] << " -> " << peak["1f1b"][16][s] << " MB");
+    CHECK(peak["gpipe"][16][s] > 2.0 * peak["gpipe"][4][s]);
+    CHECK(peak["1f1b"][16][s] <= 1.05 * peak["1f1b"][4][s]);
+  }
 }
 
 TEST_CASE("A killed pipeline stage ends the job, naming the rank", "[dist][pipeline][failure]") {

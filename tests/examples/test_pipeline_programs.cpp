@@ -1,8 +1,8 @@
 // lenet and resnet with --parallel pipeline on tiny Fashion-MNIST-shaped data (tiny_dataset.h):
 // the stages on virtual CPU devices of one process, and one stage per process under tandem-run
 // (Gloo), print the numbers of the program on one device (loss to 1e-4), and so does
-// --parallel tensor on virtual CPU devices; the bad combinations of flags are one line and exit
-// code 2.
+// --parallel tensor on virtual CPU devices and with one shard per process under tandem-run; the
+// bad combinations of flags are one line and exit code 2.
 #ifdef TANDEM_LENET_PATH
 #include <sys/wait.h>
 
@@ -168,15 +168,42 @@ TEST_CASE("lenet --parallel pipeline under tandem-run, a stage per process, prin
   CHECK(many.code != 0);
   CHECK(many.output.find("lenet: --parallel pipeline: 13 processes for 12 layers; every stage needs at least one "
                          "layer") != std::string::npos);
-  // Tensor parallelism is for the devices of one process.
-  Result tensor = run_program(std::string("TANDEM_DIST_TIMEOUT=20 ") + TANDEM_RUN_PATH +
-                                  " --standalone --grace-seconds 1 --nproc-per-node 2 " + TANDEM_LENET_PATH + " " +
-                                  common + " --device cpu --parallel tensor",
-                              dir);
-  INFO(tensor.output);
-  CHECK(tensor.code != 0);
-  CHECK(tensor.output.find("lenet: --parallel tensor splits layers over the devices of one process (--devices), "
-                           "not over processes yet") != std::string::npos);
+}
+
+TEST_CASE("lenet --parallel tensor under tandem-run, a shard per process, prints the one-device numbers",
+          "[examples][tensor-parallel][dist]") {
+  TempDir dir;
+  const std::string common = tiny_flags(dir) + " --batch-size 16";
+  auto job = [&](int n, const std::string& flags) {
+    return run_program(std::string("TANDEM_DIST_TIMEOUT=20 ") + TANDEM_RUN_PATH +
+                           " --standalone --grace-seconds 1 --nproc-per-node " + std::to_string(n) + " " + flags,
+                       dir);
+  };
+  for (const char* opt : {"", " --optimizer adam"}) {
+    Result one = run_program(std::string(TANDEM_LENET_PATH) + " " + common + opt + " --device cpu", dir);
+    REQUIRE(one.code == 0);
+    for (int n : {2, 4}) {
+      Result tp = job(n, std::string(TANDEM_LENET_PATH) + " " + common + opt + " --device cpu --parallel tensor");
+      INFO(n << " processes" << opt << "\n" << one.output << "\n---\n" << tp.output);
+      REQUIRE(tp.code == 0);
+      CHECK(tp.output.find("on " + std::to_string(n) + " processes (gloo, cpu) [tensor, a shard per process]") !=
+            std::string::npos);
+      CHECK(tp.output.find("[rank 1]") == std::string::npos);  // rank 0 alone speaks
+      check_same_numbers(one.output, tp.output, 2);
+    }
+  }
+  // A model with no Linear -> activation -> Linear, and a flag for one process: one line, exit 2.
+  Result resnet = job(2, std::string(TANDEM_RESNET_PATH) + " --data " + dir.path().string() +
+                            " --epochs 1 --no-progress --device cpu --parallel tensor");
+  INFO(resnet.output);
+  CHECK(resnet.code != 0);
+  CHECK(resnet.output.find("resnet: --parallel tensor: ResNet-18 has no Linear -> ReLU/Sigmoid -> Linear whose 2 "
+                           "processes each get at least one feature of the middle") != std::string::npos);
+  Result devices = job(2, std::string(TANDEM_LENET_PATH) + " " + common + " --parallel tensor --devices cpu:0,cpu:1");
+  INFO(devices.output);
+  CHECK(devices.code != 0);
+  CHECK(devices.output.find("lenet: --devices is for one process; in a multi-process run each process takes one "
+                            "device") != std::string::npos);
 }
 #endif
 
@@ -210,6 +237,8 @@ TEST_CASE("lenet and resnet reject bad pipeline flags with one line and exit cod
        "least one feature of the middle"},
       {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --micro-batches 2",
        "lenet: --micro-batches is for --parallel pipeline"},
+      {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --trace t.json",
+       "lenet: --trace is not supported with --parallel tensor yet"},
   };
   for (const Case& c : cases) {
     Result r = run_program(std::string(c.program) + data + " " + c.flags, dir);

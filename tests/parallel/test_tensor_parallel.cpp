@@ -87,6 +87,27 @@ TEST_CASE("Megatron f is identity forward and allreduce backward and g the conve
                      "3 output features over 4 devices"));
 }
 
+TEST_CASE("tensor_parallel_range cuts features as torch.tensor_split and shards take one tensor",
+          "[parallel][tensor-parallel]") {
+  using Range = std::pair<int64_t, int64_t>;
+  const std::vector<Range> expected = {{0, 3}, {3, 6}, {6, 8}, {8, 10}};
+  for (int r = 0; r < 4; ++r) CHECK(tensor_parallel_range(10, 4, r) == expected[size_t(r)]);
+  CHECK(tensor_parallel_range(120, 7, 6) == Range{103, 120});
+  CHECK(test::contains(test::error_message<ValueError>([] { tensor_parallel_range(3, 4, 0); }),
+                       "3 features over 4 shards"));
+  CHECK(test::contains(test::error_message<ValueError>([] { tensor_parallel_range(8, 4, 4); }),
+                       "shard 4 of 4"));
+  // The one-tensor forward is for a process that holds one shard; in one process it says so.
+  Generator gen(2);
+  nn::Linear fc(6, 4, true, gen);
+  auto comm = make_communicator("ring", cpu_devices(2));
+  ColumnParallelLinear col(fc, *comm);
+  CHECK(col.comm().world_size() == 2);
+  CHECK(col.comm().holds_all());
+  CHECK(test::contains(test::error_message<ValueError>([&] { col.forward(ones({1, 6})); }),
+                       "this process holds 2 shards"));
+}
+
 TEST_CASE("a column then row parallel MLP equals the unsplit one", "[parallel][tensor-parallel]") {
   Generator gen(8);
   nn::Linear fc1(8, 10, true, gen), fc2(10, 4, true, gen);  // 10 and 8 do not split evenly over 4
