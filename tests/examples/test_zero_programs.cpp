@@ -262,7 +262,7 @@ TEST_CASE("a --zero checkpoint resumes at any world size and stage as the uninte
   CHECK(d.output.find("resuming from") != std::string::npos);
   WARN("-> one process at step 6: " << require_close_checkpoints(end, ckpt(one, 8), 1e-6));
 
-  // 3 ranks, FSDP, from step 4; and a DDP checkpoint into FSDP the other way.
+  // 3 ranks, FSDP, from the ZeRO-2 checkpoint of step 4.
   const fs::path fsdp = cut_at(dir, "fsdp", whole, 4);
   ProgramResult e = run_launched(dir, 3, TANDEM_LENET_PATH, flags(fsdp, "--zero 3 --resume"));
   INFO(e.output);
