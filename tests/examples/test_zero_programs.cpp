@@ -2,7 +2,8 @@
 // numbers and the final weights and optimizer state of DDP; the memory line, whose figures fall
 // with the world size as ZeRO's formulas say; checkpoints of sharded state that resume across
 // world sizes and stages (2 ranks --zero 2 -> 3 ranks --zero 1 or 3 -> one process without
-// --zero) as the uninterrupted run; and the bad flag combinations, each one line and exit 2.
+// --zero) as the uninterrupted run, and a checkpoint that does not fit ends the job naming the
+// tensor; and the bad flag combinations, each one line and exit 2.
 #if defined(TANDEM_LENET_PATH) && defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
 #include <algorithm>
 #include <cmath>
@@ -301,6 +302,31 @@ TEST_CASE("--zero's bad combinations are one line and exit 2", "[examples][dist]
     CHECK(r.output.find("lenet: --") == 0);
     CHECK(r.output.find(c.says) != std::string::npos);
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+}
+TEST_CASE("resuming --zero from another model's or optimizer's checkpoint names the tensor on every rank and ends the job",
+          "[examples][dist][zero][checkpoint]") {
+  TempDir dir;
+  tandem::test::write_tiny_dataset(dir.path());
+  const std::string common = tiny_flags(dir) + " --epochs 1";
+  const fs::path sgd = dir.path() / "sgd";
+  // A checkpoint of SGD with momentum (its state: momentum_buffer), and one of ResNet-18.
+  std::string flags = common;
+  flags.replace(flags.find("--optimizer adam"), 16, "--momentum 0.9");
+  REQUIRE(run_launched(dir, 2, TANDEM_LENET_PATH, flags + " --checkpoint " + sgd.string()).code == 0);
+  const fs::path resnet = dir.path() / "resnet";
+  REQUIRE(run_launched(dir, 2, TANDEM_RESNET_PATH, common + " --checkpoint " + resnet.string()).code == 0);
+  for (int stage : {1, 2, 3}) {
+    const std::string zero = " --zero " + std::to_string(stage) + " --resume ";
+    ProgramResult model = run_launched(dir, 2, TANDEM_LENET_PATH, common + zero + ckpt(resnet, 4));
+    INFO("--zero " << stage << " from ResNet-18\n" << model.output);
+    CHECK(model.code != 0);
+    CHECK(model.output.find("lenet: error: " + ckpt(resnet, 4) + ": tensor 'model.0.weight'") != std::string::npos);
+    ProgramResult optim = run_launched(dir, 2, TANDEM_LENET_PATH, common + zero + ckpt(sgd, 4));
+    INFO("--zero " << stage << " (Adam) from SGD\n" << optim.output);
+    CHECK(optim.code != 0);
+    CHECK(optim.output.find("the optimizer.* tensors: ") != std::string::npos);
+    CHECK(optim.output.find("'momentum_buffer' is not a state of this optimizer") != std::string::npos);
   }
 }
 #endif
