@@ -185,7 +185,7 @@ void add_common_flags(Args& args) {
                               "(slow: checks every op; one device per process)");
   args.flag("distributed", "one process per device, DDP (implied under tandem-run, torchrun, mpirun or srun)");
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
-  args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
+  args.option("bucket-cap-mb", "25", "multi-process: DDP's (and --zero 2's) gradient bucket size in MB");
   args.option("zero", "", "multi-process: shard the training state over the processes (ZeRO): 1 the optimizer "
                           "state (beside DDP), 2 + the gradients, 3 + the parameters (FSDP)");
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
