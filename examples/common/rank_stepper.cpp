@@ -38,16 +38,18 @@ RankStepper::RankStepper(const TrainConfig& cfg) : group_(cfg.group), seed_(cfg.
   TANDEM_CHECK(group_ != nullptr, Value, "RankStepper: no process group");
   if (!cfg.trace.empty()) {
     const Device d = group_->device();
-    trace_ = std::make_unique<parallel::Trace>(d, group_->rank(),
-                                               "rank " + std::to_string(group_->rank()) + " " + d.str());
+    trace_ = std::make_unique<parallel::Trace>(
+        d, group_->rank(), "rank " + std::to_string(group_->rank()) + " " + d.str());
     group_->set_trace(trace_.get());
   }
 }
 
 std::shared_ptr<data::DistributedSampler> RankStepper::sampler(int64_t n, bool train) {
   if (train)
-    return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), true, seed_);
-  return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), false, 0, false,
+    return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), true,
+                                                      seed_);
+  return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), false, 0,
+                                                    false,
                                                     /*pad=*/false);
 }
 
@@ -101,7 +103,9 @@ void RankStepper::empty_step() {
   after_step();
 }
 
-void RankStepper::sum_across_processes(const Tensor& t) { group_->allreduce(t, dist::ReduceOp::Sum)->wait(); }
+void RankStepper::sum_across_processes(const Tensor& t) {
+  group_->allreduce(t, dist::ReduceOp::Sum)->wait();
+}
 
 void RankStepper::broadcast_buffers() {
   std::vector<Tensor> buffers = module().buffers();
@@ -122,7 +126,8 @@ void RankStepper::write_trace(const std::string& path) {
   store.set("trace/" + std::to_string(group_->rank()), trace_->json());
   if (group_->rank() != 0) return;
   std::vector<std::string> parts;
-  for (int r = 0; r < group_->size(); ++r) parts.push_back(store.get_string("trace/" + std::to_string(r)));
+  for (int r = 0; r < group_->size(); ++r)
+    parts.push_back(store.get_string("trace/" + std::to_string(r)));
   parallel::write_merged_trace(path, parts);
 }
 

@@ -40,7 +40,8 @@ constexpr sharded::ShardingStrategy kZero3Strategy = sharded::ShardingStrategy::
 // gradients). The wrapped module is this one's child, so eval() and train() reach its layers.
 class FsdpForward final : public nn::Module {
  public:
-  FsdpForward(sharded::FullyShardedDataParallel& fsdp, std::shared_ptr<nn::Module> module) : fsdp_(fsdp) {
+  FsdpForward(sharded::FullyShardedDataParallel& fsdp, std::shared_ptr<nn::Module> module)
+      : fsdp_(fsdp) {
     register_module("module", std::move(module));
   }
   std::shared_ptr<nn::Module> clone() const override {
@@ -68,8 +69,8 @@ struct StateBytes {
 
 // state: an optimizer's over one flat parameter per group (state.<g>.<name>, shards[g]
 // elements); numel and num_params: the whole model's.
-StateBytes state_bytes(const nn::StateDict& state, const std::vector<int64_t>& shards, int64_t numel,
-                       int64_t num_params) {
+StateBytes state_bytes(const nn::StateDict& state, const std::vector<int64_t>& shards,
+                       int64_t numel, int64_t num_params) {
   StateBytes b;
   int64_t per_element = 0, counts = 0;  // group 0's, the same kinds in every group
   for (const auto& [key, t] : state) {
@@ -87,17 +88,20 @@ StateBytes state_bytes(const nn::StateDict& state, const std::vector<int64_t>& s
   return b;
 }
 
-std::string memory_line(int stage, int rank, int world, int64_t params, int64_t shard, int64_t grads,
-                        const StateBytes& state, int64_t numel, int64_t element_size) {
+std::string memory_line(int stage, int rank, int world, int64_t params, int64_t shard,
+                        int64_t grads, const StateBytes& state, int64_t numel,
+                        int64_t element_size) {
   const long long p = params, s = shard, g = grads, o = state.held, full = numel * element_size,
                   ddp_o = state.ddp;
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "memory of rank %d of %d (ZeRO-%d%s), bytes: params %lld + shard %lld, grads %lld, optimizer "
-                "state %lld, total %lld; DDP: params %lld, grads %lld, optimizer state %lld, total %lld",
-                rank, world, stage,
-                stage == 3 ? (std::string(" FSDP ") + sharded::sharding_strategy_name(kZero3Strategy)).c_str() : "",
-                p, s, g, o, p + s + g + o, full, full, ddp_o, 2 * full + ddp_o);
+  std::snprintf(
+      buf, sizeof buf,
+      "memory of rank %d of %d (ZeRO-%d%s), bytes: params %lld + shard %lld, grads %lld, optimizer "
+      "state %lld, total %lld; DDP: params %lld, grads %lld, optimizer state %lld, total %lld",
+      rank, world, stage,
+      stage == 3 ? (std::string(" FSDP ") + sharded::sharding_strategy_name(kZero3Strategy)).c_str()
+                 : "",
+      p, s, g, o, p + s + g + o, full, full, ddp_o, 2 * full + ddp_o);
   return buf;
 }
 
@@ -115,11 +119,15 @@ void load_optimizer_state(const std::string& source, F&& load) {
 class ZeroStepper final : public RankStepper {
  public:
   explicit ZeroStepper(const TrainConfig& cfg)
-      : RankStepper(cfg), stage_(cfg.zero), bucket_cap_mb_(cfg.bucket_cap_mb),
-        optimizer_class_([cfg](std::vector<Tensor> ps) { return make_optimizer(cfg, std::move(ps)); }) {
+      : RankStepper(cfg),
+        stage_(cfg.zero),
+        bucket_cap_mb_(cfg.bucket_cap_mb),
+        optimizer_class_(
+            [cfg](std::vector<Tensor> ps) { return make_optimizer(cfg, std::move(ps)); }) {
     TANDEM_CHECK(stage_ >= 1 && stage_ <= 3, Value, "ZeroStepper: stage ", stage_, " (1, 2 or 3)");
     if (stage_ == 1) {
-      ddp_ = std::make_unique<dist::DistributedDataParallel>(build_model(cfg), cfg.group, ddp_options(cfg));
+      ddp_ = std::make_unique<dist::DistributedDataParallel>(build_model(cfg), cfg.group,
+                                                             ddp_options(cfg));
       ddp_->train();
       zero_ = make_zero();
       return;
@@ -131,8 +139,8 @@ class ZeroStepper final : public RankStepper {
       zero_ = make_zero();
       return;
     }
-    fsdp_ = std::make_unique<sharded::FullyShardedDataParallel>(model_, group_,
-                                                                sharded::FullyShardedDataParallelOptions{kZero3Strategy});
+    fsdp_ = std::make_unique<sharded::FullyShardedDataParallel>(
+        model_, group_, sharded::FullyShardedDataParallelOptions{kZero3Strategy});
     opt_ = make_optimizer(cfg, fsdp_->parameters());
     eval_ = std::make_shared<FsdpForward>(*fsdp_, model_);
   }
@@ -173,7 +181,9 @@ class ZeroStepper final : public RankStepper {
   void load_state(const nn::TrainingCheckpoint& ckpt, const std::string& source) override {
     if (fsdp_) {
       sharded::load_full_state_dict(*fsdp_, ckpt.model, source, "model.");
-      load_optimizer_state(source, [&] { opt_->load_state_dict(sharded::shard_full_optim_state_dict(ckpt.optimizer, *fsdp_)); });
+      load_optimizer_state(source, [&] {
+        opt_->load_state_dict(sharded::shard_full_optim_state_dict(ckpt.optimizer, *fsdp_));
+      });
       return;
     }
     nn::load_checked(module(), ckpt.model, source, "model.");
@@ -223,34 +233,38 @@ class ZeroStepper final : public RankStepper {
     o.stage = stage_;
     o.gradients_reduced = stage_ == 1;  // DDP has averaged them
     if (stage_ == 2) o.bucket_cap_mb = bucket_cap_mb_;
-    return std::make_unique<sharded::ZeroRedundancyOptimizer>(module().parameters(), optimizer_class_, group_, o);
+    return std::make_unique<sharded::ZeroRedundancyOptimizer>(module().parameters(),
+                                                              optimizer_class_, group_, o);
   }
 
   // Note [the memory line].
   std::string memory() const {
-    const int64_t num_params = static_cast<int64_t>(model_ ? model_->parameters().size() : ddp_->parameters().size());
+    const int64_t num_params =
+        static_cast<int64_t>(model_ ? model_->parameters().size() : ddp_->parameters().size());
     std::vector<int64_t> shards;
     if (zero_) {
       const sharded::ShardedMemory m = zero_->memory();
-      for (size_t b = 0; b < zero_->num_buckets(); ++b) shards.push_back(zero_->bucket_shard_numel(b));
+      for (size_t b = 0; b < zero_->num_buckets(); ++b)
+        shards.push_back(zero_->bucket_shard_numel(b));
       const StateBytes s = state_bytes(zero_->optim().state_dict(), shards, m.numel, num_params);
-      return memory_line(stage_, m.rank, m.world_size, m.parameters, m.shard_parameters, m.gradients, s, m.numel,
-                         m.ddp_parameters / std::max<int64_t>(1, m.numel));
+      return memory_line(stage_, m.rank, m.world_size, m.parameters, m.shard_parameters,
+                         m.gradients, s, m.numel, m.ddp_parameters / std::max<int64_t>(1, m.numel));
     }
     const sharded::FsdpMemory m = fsdp_->memory();
     for (size_t u = 0; u < fsdp_->num_units(); ++u) shards.push_back(fsdp_->unit_shard_numel(u));
     const StateBytes s = state_bytes(opt_->state_dict(), shards, m.numel, num_params);
-    return memory_line(stage_, m.rank, m.world_size, m.parameters, m.flat_parameters, m.gradients, s, m.numel,
-                       m.element_size);
+    return memory_line(stage_, m.rank, m.world_size, m.parameters, m.flat_parameters, m.gradients,
+                       s, m.numel, m.element_size);
   }
 
   int stage_;
   double bucket_cap_mb_;
   sharded::OptimizerFactory optimizer_class_;
-  std::unique_ptr<dist::DistributedDataParallel> ddp_;  // stage 1
-  std::shared_ptr<nn::Module> model_;                   // stages 2 and 3
+  std::unique_ptr<dist::DistributedDataParallel> ddp_;      // stage 1
+  std::shared_ptr<nn::Module> model_;                       // stages 2 and 3
   std::unique_ptr<sharded::ZeroRedundancyOptimizer> zero_;  // stages 1 and 2
-  std::unique_ptr<sharded::FullyShardedDataParallel> fsdp_;  // stage 3, with opt_ over its flat parameters
+  std::unique_ptr<sharded::FullyShardedDataParallel>
+      fsdp_;  // stage 3, with opt_ over its flat parameters
   std::unique_ptr<nn::optim::Optimizer> opt_;
   std::shared_ptr<FsdpForward> eval_;
   bool memory_reported_ = false;
@@ -258,6 +272,8 @@ class ZeroStepper final : public RankStepper {
 
 }  // namespace
 
-std::unique_ptr<Stepper> make_zero_stepper(const TrainConfig& cfg) { return std::make_unique<ZeroStepper>(cfg); }
+std::unique_ptr<Stepper> make_zero_stepper(const TrainConfig& cfg) {
+  return std::make_unique<ZeroStepper>(cfg);
+}
 
 }  // namespace tandem::examples

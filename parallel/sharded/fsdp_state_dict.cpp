@@ -62,14 +62,15 @@ void load_full_state_dict(FullyShardedDataParallel& fsdp, const nn::StateDict& s
     int64_t offset = 0;
     for (const Tensor& p : fsdp.unit_parameters(u)) {
       const int64_t s = std::max(lo, offset), e = std::min(hi, offset + p.numel());
-      if (s < e) flat[u].slice(0, s - lo, e - lo).copy_(p.reshape({-1}).slice(0, s - offset, e - offset));
+      if (s < e)
+        flat[u].slice(0, s - lo, e - lo).copy_(p.reshape({-1}).slice(0, s - offset, e - offset));
       offset += p.numel();
     }
   }
 }
 
-nn::StateDict full_optim_state_dict(FullyShardedDataParallel& fsdp, const nn::optim::Optimizer& optim,
-                                    int to) {
+nn::StateDict full_optim_state_dict(FullyShardedDataParallel& fsdp,
+                                    const nn::optim::Optimizer& optim, int to) {
   std::vector<Tensor> params;
   const std::vector<FlatGroup> groups = unit_groups(fsdp, params);
   distributed::ProcessGroup& pg = fsdp.process_group();
@@ -77,12 +78,14 @@ nn::StateDict full_optim_state_dict(FullyShardedDataParallel& fsdp, const nn::op
                                 pg.rank(), to);
 }
 
-nn::StateDict shard_full_optim_state_dict(const nn::StateDict& full, FullyShardedDataParallel& fsdp) {
+nn::StateDict shard_full_optim_state_dict(const nn::StateDict& full,
+                                          FullyShardedDataParallel& fsdp) {
   std::vector<Tensor> params;
   const std::vector<FlatGroup> groups = unit_groups(fsdp, params);
   const bool s = sharded(fsdp);
   return shard_optimizer_state(full, params, groups, s ? fsdp.process_group().rank() : 0,
-                               s ? fsdp.process_group().size() : 1, "shard_full_optim_state_dict", "unit");
+                               s ? fsdp.process_group().size() : 1, "shard_full_optim_state_dict",
+                               "unit");
 }
 
 }  // namespace tandem::parallel::sharded

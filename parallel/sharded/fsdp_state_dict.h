@@ -31,9 +31,10 @@ void load_full_state_dict(FullyShardedDataParallel& fsdp, const nn::StateDict& s
                           const std::string& source = "state_dict", const std::string& prefix = "");
 
 // optim: the optimizer over fsdp.parameters() (in that order).
-nn::StateDict full_optim_state_dict(FullyShardedDataParallel& fsdp, const nn::optim::Optimizer& optim,
-                                    int to = 0);
+nn::StateDict full_optim_state_dict(FullyShardedDataParallel& fsdp,
+                                    const nn::optim::Optimizer& optim, int to = 0);
 // ValueError naming the entry for a state that a unit's parameters hold only in part.
-nn::StateDict shard_full_optim_state_dict(const nn::StateDict& full, FullyShardedDataParallel& fsdp);
+nn::StateDict shard_full_optim_state_dict(const nn::StateDict& full,
+                                          FullyShardedDataParallel& fsdp);
 
 }  // namespace tandem::parallel::sharded

@@ -59,20 +59,26 @@ nn::StateDict gather_optimizer_state(const nn::StateDict& local, const std::vect
         continue;
       }
       if (rank == to) {
-        for (size_t i : fg.params) out[i].push_back(empty(params[i].shape(), t.dtype(), t.device()));
+        for (size_t i : fg.params)
+          out[i].push_back(empty(params[i].shape(), t.dtype(), t.device()));
       }
       for (int r = 0; r < world; ++r) {
-        Tensor piece = r == rank || group == nullptr ? t.contiguous() : empty({fg.shard}, t.dtype(), t.device());
+        Tensor piece = r == rank || group == nullptr ? t.contiguous()
+                                                     : empty({fg.shard}, t.dtype(), t.device());
         if (group != nullptr && r != to) group->broadcast(piece, r)->wait();
         if (rank != to) continue;
         // Rank r's elements [lo, hi) of the group into the parameters they belong to.
         const int64_t lo = r * fg.shard, hi = std::min(lo + fg.shard, fg.numel);
         for (size_t j = 0; j < fg.params.size(); ++j) {
           const size_t i = fg.params[j];
-          const int64_t s = std::max(lo, fg.offset[j]), e = std::min(hi, fg.offset[j] + params[i].numel());
+          const int64_t s = std::max(lo, fg.offset[j]),
+                        e = std::min(hi, fg.offset[j] + params[i].numel());
           if (s < e) {
-            out[i].back().view({-1}).slice(0, s - fg.offset[j], e - fg.offset[j]).copy_(
-                piece.slice(0, s - lo, e - lo));
+            out[i]
+                .back()
+                .view({-1})
+                .slice(0, s - fg.offset[j], e - fg.offset[j])
+                .copy_(piece.slice(0, s - lo, e - lo));
           }
         }
       }
@@ -87,7 +93,8 @@ nn::StateDict gather_optimizer_state(const nn::StateDict& local, const std::vect
   for (size_t i = 0; i < params.size(); ++i) {
     if (group_of[i] == groups.size()) continue;
     const auto& kinds = per_group[group_of[i]];
-    for (size_t k = 0; k < out[i].size(); ++k) state.insert(state_key(i, kinds[k].first), out[i][k]);
+    for (size_t k = 0; k < out[i].size(); ++k)
+      state.insert(state_key(i, kinds[k].first), out[i][k]);
   }
   return state;
 }
@@ -126,7 +133,8 @@ nn::StateDict shard_optimizer_state(const nn::StateDict& full, const std::vector
     for (const std::string& name : kinds) {
       const std::string key = state_key(g, name);
       const Tensor& t0 = *entry(first, name);
-      if (name == "step" || (t0.dim() == 0 && params[first].dim() != 0)) {  // a count: one per shard
+      if (name == "step" ||
+          (t0.dim() == 0 && params[first].dim() != 0)) {  // a count: one per shard
         const double v = t0.to(kCPU).to(kFloat64).item();
         for (size_t i : fg.params) {
           const double vi = entry(i, name)->to(kCPU).to(kFloat64).item();
@@ -142,7 +150,8 @@ nn::StateDict shard_optimizer_state(const nn::StateDict& full, const std::vector
         const Tensor& t = *entry(fg.params[k], name);
         TANDEM_CHECK(t.numel() == p.numel(), Shape, who, ": '", state_key(fg.params[k], name),
                      "' has ", t.numel(), " elements but the parameter has ", p.numel());
-        flat.slice(0, fg.offset[k], fg.offset[k] + p.numel()).copy_(t.to(kCPU).contiguous().view({-1}));
+        flat.slice(0, fg.offset[k], fg.offset[k] + p.numel())
+            .copy_(t.to(kCPU).contiguous().view({-1}));
       }
       local.insert(key, flat.slice(0, rank * fg.shard, (rank + 1) * fg.shard).clone());
     }

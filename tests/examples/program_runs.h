@@ -21,7 +21,8 @@ struct ProgramResult {
 
 // Runs `command` (a program and its arguments, or environment assignments before them) with
 // `args` through the shell, its output into a file of `dir`.
-inline ProgramResult run_program(const std::string& command, const TempDir& dir, const std::string& args) {
+inline ProgramResult run_program(const std::string& command, const TempDir& dir,
+                                 const std::string& args) {
   const std::string out = dir.file("out.txt");
   const std::string cmd = command + " " + args + " > " + out + " 2>&1";
   const int status = std::system(cmd.c_str());
@@ -36,8 +37,10 @@ inline ProgramResult run_program(const std::string& command, const TempDir& dir,
 inline const std::string kDistEnv = "TANDEM_DIST_TIMEOUT=20 ";
 
 // `program` as nproc ranks of a job under tandem-run on this host.
-inline ProgramResult run_launched(const TempDir& dir, int nproc, const std::string& program, const std::string& args) {
-  return run_program(kDistEnv + TANDEM_RUN_PATH + " --standalone --grace-seconds 1 --nproc-per-node " +
+inline ProgramResult run_launched(const TempDir& dir, int nproc, const std::string& program,
+                                  const std::string& args) {
+  return run_program(kDistEnv + TANDEM_RUN_PATH +
+                         " --standalone --grace-seconds 1 --nproc-per-node " +
                          std::to_string(nproc) + " " + program,
                      dir, args);
 }
@@ -57,8 +60,8 @@ inline std::vector<EpochLine> epoch_lines(const std::string& out) {
     const size_t at = line.find("epoch ");
     EpochLine e;
     if (at == std::string::npos ||
-        std::sscanf(line.c_str() + at, "epoch %lld loss %lf train acc %lf test acc %lf", &e.epoch, &e.loss,
-                    &e.train_acc, &e.test_acc) != 4)
+        std::sscanf(line.c_str() + at, "epoch %lld loss %lf train acc %lf test acc %lf", &e.epoch,
+                    &e.loss, &e.train_acc, &e.test_acc) != 4)
       continue;
     e.prefix = line.substr(0, at);
     lines.push_back(e);

@@ -31,7 +31,8 @@ using tandem::test::TempDir;
 // 48 images, a global batch of 12: 4 steps an epoch, the same global batches on 1, 2 and 3 ranks
 // (no padding, no uneven shard).
 std::string tiny_flags(const TempDir& dir) {
-  return "--data " + dir.path().string() + " --device cpu --no-progress --train-limit 48 --test-limit 16 "
+  return "--data " + dir.path().string() +
+         " --device cpu --no-progress --train-limit 48 --test-limit 16 "
          "--batch-size 12 --optimizer adam";
 }
 
@@ -52,7 +53,8 @@ double relative_error(const tandem::Tensor& a, const tandem::Tensor& b) {
 // differences (as tests/distributed/test_zero.cpp allows 1e-5 for the state) -- the others
 // equal. Returns the largest errors of the model and of the optimizer, and their tensors.
 std::string require_close_checkpoints(const std::string& a, const std::string& b, double tol) {
-  const tandem::nn::SafetensorsFile x = tandem::nn::read_safetensors(a), y = tandem::nn::read_safetensors(b);
+  const tandem::nn::SafetensorsFile x = tandem::nn::read_safetensors(a),
+                                    y = tandem::nn::read_safetensors(b);
   std::vector<std::string> kx = x.tensors.keys(), ky = y.tensors.keys();
   std::sort(kx.begin(), kx.end());
   std::sort(ky.begin(), ky.end());
@@ -111,24 +113,29 @@ MemoryLine memory_line(const std::string& out) {
   REQUIRE(at != std::string::npos);
   REQUIRE(out.find("memory of rank ", at + 1) == std::string::npos);  // one line per run
   const size_t bytes = out.find("bytes: ", at);
-  REQUIRE(std::sscanf(out.c_str() + at, "memory of rank %d of %d (ZeRO-%d", &m.rank, &m.world, &m.stage) == 3);
+  REQUIRE(std::sscanf(out.c_str() + at, "memory of rank %d of %d (ZeRO-%d", &m.rank, &m.world,
+                      &m.stage) == 3);
   REQUIRE(std::sscanf(out.c_str() + bytes,
-                      "bytes: params %lld + shard %lld, grads %lld, optimizer state %lld, total %lld; DDP: params "
+                      "bytes: params %lld + shard %lld, grads %lld, optimizer state %lld, total "
+                      "%lld; DDP: params "
                       "%lld, grads %lld, optimizer state %lld, total %lld",
-                      &m.params, &m.shard, &m.grads, &m.state, &m.total, &m.ddp_params, &m.ddp_grads, &m.ddp_state,
-                      &m.ddp_total) == 9);
+                      &m.params, &m.shard, &m.grads, &m.state, &m.total, &m.ddp_params,
+                      &m.ddp_grads, &m.ddp_state, &m.ddp_total) == 9);
   return m;
 }
 
 }  // namespace
 
-TEST_CASE("lenet --zero 1|2|3 on 2 processes prints DDP's numbers and ends with DDP's weights and optimizer state",
-          "[examples][dist][zero]") {
+TEST_CASE(
+    "lenet --zero 1|2|3 on 2 processes prints DDP's numbers and ends with DDP's weights and "
+    "optimizer state",
+    "[examples][dist][zero]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
   const std::string common = tiny_flags(dir) + " --epochs 2";
   const fs::path ddp_dir = dir.path() / "ddp";
-  ProgramResult ddp = run_launched(dir, 2, TANDEM_LENET_PATH, common + " --checkpoint " + ddp_dir.string());
+  ProgramResult ddp =
+      run_launched(dir, 2, TANDEM_LENET_PATH, common + " --checkpoint " + ddp_dir.string());
   INFO(ddp.output);
   REQUIRE(ddp.code == 0);
   CHECK(ddp.output.find("memory of rank") == std::string::npos);  // DDP prints no memory line
@@ -136,39 +143,47 @@ TEST_CASE("lenet --zero 1|2|3 on 2 processes prints DDP's numbers and ends with 
   REQUIRE(want.size() == 2);
   for (int stage : {1, 2, 3}) {
     const fs::path zdir = dir.path() / ("zero" + std::to_string(stage));
-    ProgramResult z = run_launched(dir, 2, TANDEM_LENET_PATH,
-                                   common + " --zero " + std::to_string(stage) + " --checkpoint " + zdir.string());
+    ProgramResult z = run_launched(
+        dir, 2, TANDEM_LENET_PATH,
+        common + " --zero " + std::to_string(stage) + " --checkpoint " + zdir.string());
     INFO("--zero " << stage << "\n" << z.output);
     REQUIRE(z.code == 0);
-    CHECK(z.output.find(stage == 3 ? "[ZeRO-3: FSDP]" : "[ZeRO-" + std::to_string(stage) + "]") != std::string::npos);
+    CHECK(z.output.find(stage == 3 ? "[ZeRO-3: FSDP]" : "[ZeRO-" + std::to_string(stage) + "]") !=
+          std::string::npos);
     const auto got = epoch_lines(z.output);
     REQUIRE(got.size() == 2);
     for (size_t e = 0; e < 2; ++e) {
       CHECK(got[e].loss == want[e].loss);  // printed to 4 decimals
       CHECK(got[e].train_acc == want[e].train_acc);
-      CHECK(got[e].test_acc == want[e].test_acc);  // FSDP's evaluation gathers each unit for its forward
+      CHECK(got[e].test_acc ==
+            want[e].test_acc);  // FSDP's evaluation gathers each unit for its forward
     }
     // The checkpoints are DDP's file: the same names, in the plain optimizer's layout, values to
     // 1e-6 (the same reductions in another order at most).
-    WARN("--zero " << stage << " vs DDP after 8 steps: " << require_close_checkpoints(ckpt(ddp_dir, 8), ckpt(zdir, 8), 1e-6));
+    WARN("--zero " << stage << " vs DDP after 8 steps: "
+                   << require_close_checkpoints(ckpt(ddp_dir, 8), ckpt(zdir, 8), 1e-6));
   }
 }
 
-TEST_CASE("resnet --zero 1|2|3 on 2 processes: BatchNorm, and DDP's numbers", "[examples][dist][zero]") {
+TEST_CASE("resnet --zero 1|2|3 on 2 processes: BatchNorm, and DDP's numbers",
+          "[examples][dist][zero]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
-  const std::string common = "--data " + dir.path().string() + " --device cpu --no-progress --epochs 1 "
+  const std::string common = "--data " + dir.path().string() +
+                             " --device cpu --no-progress --epochs 1 "
                              "--batch-size 8 --train-limit 16 --test-limit 8 --optimizer adam";
   const fs::path ddp_dir = dir.path() / "ddp";
-  ProgramResult ddp = run_launched(dir, 2, TANDEM_RESNET_PATH, common + " --checkpoint " + ddp_dir.string());
+  ProgramResult ddp =
+      run_launched(dir, 2, TANDEM_RESNET_PATH, common + " --checkpoint " + ddp_dir.string());
   INFO(ddp.output);
   REQUIRE(ddp.code == 0);
   const auto want = epoch_lines(ddp.output);
   REQUIRE(want.size() == 1);
   for (int stage : {1, 2, 3}) {
     const fs::path zdir = dir.path() / ("zero" + std::to_string(stage));
-    ProgramResult z = run_launched(dir, 2, TANDEM_RESNET_PATH,
-                                   common + " --zero " + std::to_string(stage) + " --checkpoint " + zdir.string());
+    ProgramResult z = run_launched(
+        dir, 2, TANDEM_RESNET_PATH,
+        common + " --zero " + std::to_string(stage) + " --checkpoint " + zdir.string());
     INFO("--zero " << stage << "\n" << z.output);
     REQUIRE(z.code == 0);
     const auto got = epoch_lines(z.output);
@@ -190,7 +205,8 @@ TEST_CASE("the --zero memory line: bytes per rank fall with the world size as Ze
   const long long psi = 61706, full = 4 * psi, ddp_state = 8 * psi + 4 * 10;
   for (int stage : {1, 2, 3}) {
     for (int world : {1, 2, 3}) {
-      ProgramResult r = run_launched(dir, world, TANDEM_LENET_PATH, common + " --zero " + std::to_string(stage));
+      ProgramResult r =
+          run_launched(dir, world, TANDEM_LENET_PATH, common + " --zero " + std::to_string(stage));
       INFO("--zero " << stage << " on " << world << "\n" << r.output);
       REQUIRE(r.code == 0);
       const MemoryLine m = memory_line(r.output);
@@ -254,7 +270,8 @@ TEST_CASE("a --zero checkpoint resumes at any world size and stage as the uninte
   INFO(c.output);
   REQUIRE(c.code == 0);
   CHECK(c.output.find("on 3 processes (gloo, cpu) [ZeRO-1]") != std::string::npos);
-  WARN("2 ranks ZeRO-2 -> 3 ranks ZeRO-1 at step 2: " << require_close_checkpoints(end, ckpt(three, 8), 1e-6));
+  WARN("2 ranks ZeRO-2 -> 3 ranks ZeRO-1 at step 2: " << require_close_checkpoints(
+           end, ckpt(three, 8), 1e-6));
   // ... and from its step 6, one process without --zero: the plain optimizer reads the file.
   const fs::path one = cut_at(dir, "one", three, 6);
   ProgramResult d = run_program(TANDEM_LENET_PATH, dir, flags(one, "--resume"));
@@ -280,8 +297,10 @@ TEST_CASE("a --zero checkpoint resumes at any world size and stage as the uninte
 TEST_CASE("--zero's bad combinations are one line and exit 2", "[examples][dist][zero]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
-  const std::string data = "--data " + dir.path().string() + " --no-progress --epochs 1 --batch-size 16 --device cpu";
-  const std::string launched = std::string("RANK=0 WORLD_SIZE=2 ") + TANDEM_LENET_PATH;  // a launcher's variables
+  const std::string data =
+      "--data " + dir.path().string() + " --no-progress --epochs 1 --batch-size 16 --device cpu";
+  const std::string launched =
+      std::string("RANK=0 WORLD_SIZE=2 ") + TANDEM_LENET_PATH;  // a launcher's variables
   struct Case {
     std::string command, flags, says;
   };
@@ -304,8 +323,10 @@ TEST_CASE("--zero's bad combinations are one line and exit 2", "[examples][dist]
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
 }
-TEST_CASE("resuming --zero from another model's or optimizer's checkpoint names the tensor on every rank and ends the job",
-          "[examples][dist][zero][checkpoint]") {
+TEST_CASE(
+    "resuming --zero from another model's or optimizer's checkpoint names the tensor on every rank "
+    "and ends the job",
+    "[examples][dist][zero][checkpoint]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
   const std::string common = tiny_flags(dir) + " --epochs 1";
@@ -313,20 +334,25 @@ TEST_CASE("resuming --zero from another model's or optimizer's checkpoint names 
   // A checkpoint of SGD with momentum (its state: momentum_buffer), and one of ResNet-18.
   std::string flags = common;
   flags.replace(flags.find("--optimizer adam"), 16, "--momentum 0.9");
-  REQUIRE(run_launched(dir, 2, TANDEM_LENET_PATH, flags + " --checkpoint " + sgd.string()).code == 0);
+  REQUIRE(run_launched(dir, 2, TANDEM_LENET_PATH, flags + " --checkpoint " + sgd.string()).code ==
+          0);
   const fs::path resnet = dir.path() / "resnet";
-  REQUIRE(run_launched(dir, 2, TANDEM_RESNET_PATH, common + " --checkpoint " + resnet.string()).code == 0);
+  REQUIRE(
+      run_launched(dir, 2, TANDEM_RESNET_PATH, common + " --checkpoint " + resnet.string()).code ==
+      0);
   for (int stage : {1, 2, 3}) {
     const std::string zero = " --zero " + std::to_string(stage) + " --resume ";
     ProgramResult model = run_launched(dir, 2, TANDEM_LENET_PATH, common + zero + ckpt(resnet, 4));
     INFO("--zero " << stage << " from ResNet-18\n" << model.output);
     CHECK(model.code != 0);
-    CHECK(model.output.find("lenet: error: " + ckpt(resnet, 4) + ": tensor 'model.0.weight'") != std::string::npos);
+    CHECK(model.output.find("lenet: error: " + ckpt(resnet, 4) + ": tensor 'model.0.weight'") !=
+          std::string::npos);
     ProgramResult optim = run_launched(dir, 2, TANDEM_LENET_PATH, common + zero + ckpt(sgd, 4));
     INFO("--zero " << stage << " (Adam) from SGD\n" << optim.output);
     CHECK(optim.code != 0);
     CHECK(optim.output.find("the optimizer.* tensors: ") != std::string::npos);
-    CHECK(optim.output.find("'momentum_buffer' is not a state of this optimizer") != std::string::npos);
+    CHECK(optim.output.find("'momentum_buffer' is not a state of this optimizer") !=
+          std::string::npos);
   }
 }
 #endif
