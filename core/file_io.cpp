@@ -21,6 +21,10 @@ namespace fs = std::filesystem;
 // fsynced. The temporary file lives in the target's folder because rename() cannot cross
 // file systems. O_EXCL plus pid and counter keep concurrent writers apart.
 void write_file_atomic(const std::string& path, const uint8_t* data, size_t size) {
+  write_file_atomic(path, std::vector<FilePiece>{{data, size}});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<FilePiece>& pieces) {
   static std::atomic<uint64_t> counter{0};
   const fs::path target(path);
   TANDEM_CHECK(!target.filename().empty(), IO, "cannot write '", path, "': not a file name");
@@ -37,13 +41,15 @@ void write_file_atomic(const std::string& path, const uint8_t* data, size_t size
     ::unlink(tmp.c_str());
     TANDEM_THROW(IO, "cannot write '", path, "': ", step, ": ", std::strerror(err));
   };
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("write failed", errno, true);
-    if (n == 0) fail("write failed", EIO, true);
-    done += static_cast<size_t>(n);
+  for (const FilePiece& piece : pieces) {
+    size_t done = 0;
+    while (done < piece.size) {
+      const ssize_t n = ::write(fd, piece.data + done, piece.size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("write failed", errno, true);
+      if (n == 0) fail("write failed", EIO, true);
+      done += static_cast<size_t>(n);
+    }
   }
   if (::fsync(fd) != 0) fail("fsync failed", errno, true);
   if (::close(fd) != 0) fail("close failed", errno, false);

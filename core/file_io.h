@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -12,5 +13,12 @@ namespace tandem {
 // the OS reason (strerror); the temporary file is removed and a previous file at path is left
 // as it was.
 void write_file_atomic(const std::string& path, const uint8_t* data, size_t size);
+// The same for a file made of pieces written one after another (a header and each tensor's
+// bytes where they already are, without assembling the file in memory first).
+struct FilePiece {
+  const uint8_t* data;
+  size_t size;
+};
+void write_file_atomic(const std::string& path, const std::vector<FilePiece>& pieces);
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 //   lenet --devices cpu:0,cpu:1             the same data-parallel code on virtual CPU devices
 //   tandem-run --nproc-per-node 2 lenet     one process per GPU (DDP; or torchrun, mpirun, srun)
 //   tandem-run --nproc-per-node 2 lenet --device cpu   two CPU processes over Gloo
+//   tandem-run --nproc-per-node 2 lenet --zero 2       ZeRO: the state sharded over the processes
 //
 // --batch-size is the global batch in every mode: split across devices, or across processes,
 // so a run's numbers do not depend on how many devices or processes compute them.

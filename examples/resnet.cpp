@@ -5,6 +5,7 @@
 //   resnet --devices cuda:0,cuda:1 --batch-size 512 --epochs 10
 //   tandem-run --nproc-per-node gpu resnet --batch-size 512   one process per GPU (DDP)
 //   tandem-run --nproc-per-node gpu resnet --sync-bn          ... with SyncBatchNorm
+//   tandem-run --nproc-per-node gpu resnet --zero 3           ... with FSDP (--zero 1|2: ZeRO stages)
 //
 // --batch-size is the global batch in every mode, split across devices or processes.
 #include "common/cli.h"

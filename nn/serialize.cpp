@@ -53,14 +53,17 @@ bool parse_st_dtype(const std::string& s, DType& out) {
   return false;
 }
 
-std::string crc32_text(const uint8_t* data, size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uLong crc32_update(uLong crc, const uint8_t* data, size_t size) {
   while (size > 0) {  // zlib takes uInt lengths: feed it in chunks
     const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
     crc = crc32(crc, data, n);
     data += n;
     size -= n;
   }
+  return crc;
+}
+
+std::string crc32_text(uLong crc) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08lx", static_cast<unsigned long>(crc & 0xffffffffUL));
   return std::string("crc32:") + buf;
@@ -275,7 +278,7 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
   if (auto it = out.metadata.find(kChecksumKey); it != out.metadata.end()) {
     TANDEM_CHECK(it->second.rfind("crc32:", 0) == 0, Format, file, ": unsupported ", kChecksumKey,
                  " '", shown(it->second), "' (expected crc32:<8 hex digits>)");
-    const std::string actual = crc32_text(section, data_size);
+    const std::string actual = crc32_text(crc32_update(crc32(0L, Z_NULL, 0), section, data_size));
     TANDEM_CHECK(actual == it->second, Format, file, ": checksum mismatch: the metadata says ",
                  shown(it->second), " but the data section hashes to ", actual,
                  " (the file is corrupt)");
@@ -326,27 +329,38 @@ SafetensorsFile read_safetensors(const std::string& path) {
 
 // ---- writing ---------------------------------------------------------------------------------
 
-std::vector<uint8_t> to_safetensors(const StateDict& tensors, const Metadata& metadata) {
+namespace {
+
+// Note [safetensors written in pieces]: the file is the 8-byte header length, the header, and
+// each tensor's bytes one after another. Its pieces are laid out here -- the header, with the
+// data section's checksum computed tensor by tensor, and the tensors as contiguous CPU tensors
+// (the tensors themselves when they already are) -- so write_safetensors writes them where they
+// are, and a file never exists whole in memory besides its tensors (a checkpoint of a sharded
+// run holds the consolidated state once, not twice more in the writer).
+struct SafetensorsPieces {
+  std::string head;          // header length (little-endian u64) + header, 8-byte aligned
+  std::vector<Tensor> host;  // contiguous CPU tensors, in state-dict order
+};
+
+SafetensorsPieces safetensors_pieces(const StateDict& tensors, const Metadata& metadata) {
   TANDEM_CHECK(metadata.count(kChecksumKey) == 0, Value, "to_safetensors: metadata key '",
                kChecksumKey, "' is reserved (the writer sets it)");
-  std::vector<Tensor> host;  // contiguous CPU copies, in state-dict order
-  uint64_t data_size = 0;
+  SafetensorsPieces out;
   for (const auto& [name, t] : tensors) {
     TANDEM_CHECK(t.defined(), Value, "to_safetensors: tensor '", name, "' is undefined");
     TANDEM_CHECK(name != "__metadata__", Value, "to_safetensors: '__metadata__' is reserved");
-    host.push_back(t.to(kCPU).contiguous());
-    data_size += host.back().nbytes();
+    out.host.push_back(t.to(kCPU).contiguous());
   }
 
   // __metadata__ first, as PyTorch's writer does (Json keeps insertion order); its checksum
-  // is filled in once the data section is assembled.
+  // covers the data section, the tensors' bytes in order.
   Json header = Json::object();
   header["__metadata__"] = Json::object();
   uint64_t pos = 0;
-  std::vector<uint8_t> section(data_size);
-  for (size_t i = 0; i < host.size(); ++i) {
-    const Tensor& t = host[i];
-    if (t.nbytes() > 0) std::memcpy(section.data() + pos, t.raw_data(), t.nbytes());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t i = 0; i < out.host.size(); ++i) {
+    const Tensor& t = out.host[i];
+    if (t.nbytes() > 0) crc = crc32_update(crc, static_cast<const uint8_t*>(t.raw_data()), t.nbytes());
     header[tensors.item(i).first] = {{"dtype", st_dtype(t.dtype())},
                                      {"shape", t.shape()},
                                      {"data_offsets", {pos, pos + t.nbytes()}}};
@@ -355,7 +369,7 @@ std::vector<uint8_t> to_safetensors(const StateDict& tensors, const Metadata& me
   Json& meta = header["__metadata__"];
   meta["format"] = "pt";
   for (const auto& [k, v] : metadata) meta[k] = v;
-  meta[kChecksumKey] = crc32_text(section.data(), section.size());
+  meta[kChecksumKey] = crc32_text(crc);
 
   std::string text;
   try {
@@ -364,19 +378,30 @@ std::vector<uint8_t> to_safetensors(const StateDict& tensors, const Metadata& me
     TANDEM_THROW(Value, "to_safetensors: ", e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-
-  std::vector<uint8_t> out(8 + text.size() + section.size());
   const uint64_t header_len = text.size();
-  std::memcpy(out.data(), &header_len, 8);
-  std::memcpy(out.data() + 8, text.data(), text.size());
-  if (!section.empty()) std::memcpy(out.data() + 8 + text.size(), section.data(), section.size());
+  out.head.assign(reinterpret_cast<const char*>(&header_len), 8);
+  out.head += text;
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> to_safetensors(const StateDict& tensors, const Metadata& metadata) {
+  const SafetensorsPieces p = safetensors_pieces(tensors, metadata);
+  std::vector<uint8_t> out(p.head.begin(), p.head.end());
+  for (const Tensor& t : p.host) {
+    const auto* bytes = static_cast<const uint8_t*>(t.raw_data());
+    if (t.nbytes() > 0) out.insert(out.end(), bytes, bytes + t.nbytes());
+  }
   return out;
 }
 
 void write_safetensors(const std::string& path, const StateDict& tensors,
                        const Metadata& metadata) {
-  const std::vector<uint8_t> bytes = to_safetensors(tensors, metadata);
-  write_file_atomic(path, bytes.data(), bytes.size());
+  const SafetensorsPieces p = safetensors_pieces(tensors, metadata);
+  std::vector<FilePiece> pieces = {{reinterpret_cast<const uint8_t*>(p.head.data()), p.head.size()}};
+  for (const Tensor& t : p.host) pieces.push_back({static_cast<const uint8_t*>(t.raw_data()), t.nbytes()});
+  write_file_atomic(path, pieces);
 }
 
 // ---- modules ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/generator.h"
 #include "parallel/distributed/process_group.h"
 
 namespace tandem::examples {
@@ -122,8 +123,10 @@ std::string first_non_finite(const nn::Module& model) {
 std::string write_checkpoint(const TrainConfig& cfg, Stepper& stepper, int64_t epoch, int64_t epoch_step,
                              int64_t step, const nn::StateDict& extra) {
   const std::string path = (fs::path(cfg.checkpoint_dir) / checkpoint_file_name(step)).string();
+  nn::TrainingCheckpoint c;
+  stepper.capture_state(c);  // every rank: a sharded state is gathered to rank 0
   if (reports(cfg)) {
-    nn::TrainingCheckpoint c = nn::capture_training_state(stepper.model(), stepper.optimizer(), cfg.devices);
+    for (Device d : cfg.devices) c.rng_states[d.str()] = default_generator(d).get_state();
     c.extra = extra;
     c.epoch = epoch;
     c.epoch_step = epoch_step;

@@ -59,6 +59,26 @@ void configure_distributed(const Args& args, TrainConfig& cfg) {
   if (args.given("parallel")) cfg.parallel = args.str("parallel");  // a stage, or a shard, per process
 }
 
+// --zero: the state of a data-parallel job sharded over its processes. Only the processes of a
+// job hold shards, one device each, and a pipeline's or a tensor split's stages hold different
+// layers, not replicas: each bad combination is one ArgsError.
+void configure_zero(const Args& args, TrainConfig& cfg) {
+  if (!args.given("zero")) return;
+  const std::string v = args.str("zero");
+  if (v != "1" && v != "2" && v != "3")
+    throw ArgsError("--zero: '" + v + "' is not a stage: 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters, FSDP)");
+  cfg.zero = std::stoi(v);
+  if (args.given("parallel") && args.str("parallel") != "scratch" && args.str("parallel") != "dp")
+    throw ArgsError("--zero shards a data-parallel job's state; --parallel " + args.str("parallel") +
+                    " splits the model's layers instead (give one or the other)");
+  if (args.given("devices"))
+    throw ArgsError("--zero shards the state over the processes of a job, one device each; --devices is for "
+                    "one process");
+  if (!cfg.distributed)
+    throw ArgsError("--zero " + v + " shards the state over the processes of a job: run under a launcher "
+                    "(tandem-run --nproc-per-node N ...) or with --distributed");
+}
+
 // --parallel pipeline's flags (the model's layers are checked in check_pipeline_model, once
 // the program has said what its model is). Each bad combination is one ArgsError.
 void configure_pipeline(const Args& args, TrainConfig& cfg) {
@@ -114,6 +134,7 @@ std::string where(const TrainConfig& cfg) {
     const Device d = cfg.devices.front();
     return std::to_string(n) + (n == 1 ? " process (" : " processes (") + cfg.group->backend() + ", " +
            (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")" +
+           (cfg.zero == 0 ? "" : cfg.zero == 3 ? " [ZeRO-3: FSDP]" : " [ZeRO-" + std::to_string(cfg.zero) + "]") +
            (cfg.parallel == "pipeline" ? " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) +
                                              " micro-batches, a stage per process]"
             : cfg.parallel == "tensor" ? " [tensor, a shard per process]"
@@ -165,7 +186,9 @@ void add_common_flags(Args& args) {
                               "(slow: checks every op; one device per process)");
   args.flag("distributed", "one process per device, DDP (implied under tandem-run, torchrun, mpirun or srun)");
   args.option("backend", "auto", "multi-process: auto|nccl|gloo (auto: nccl on GPUs, gloo on the CPU)");
-  args.option("bucket-cap-mb", "25", "multi-process: DDP's gradient bucket size in MB");
+  args.option("bucket-cap-mb", "25", "multi-process: DDP's (and --zero 2's) gradient bucket size in MB");
+  args.option("zero", "", "multi-process: shard the training state over the processes (ZeRO): 1 the optimizer "
+                          "state (beside DDP), 2 + the gradients, 3 + the parameters (FSDP)");
   args.flag("no-overlap", "multi-process: reduce the gradients after backward, not during it (to measure)");
   args.flag("sync-bn", "multi-process: batch norm with the statistics of the global batch (SyncBatchNorm: every "
                       "BatchNorm2d converted)");
@@ -179,6 +202,7 @@ void add_common_flags(Args& args) {
 
 void configure_common(const Args& args, TrainConfig& cfg) {
   cfg.distributed = args.on("distributed") || parallel::distributed::launched_by_launcher();
+  configure_zero(args, cfg);
   if (cfg.distributed) {
     configure_distributed(args, cfg);
   } else {

@@ -1,8 +1,8 @@
 #pragma once
 // One training step, four ways (all in steppers.cpp): on one device, the from-scratch
 // data-parallel path (parallel::ScratchTrainer) or DataParallel over the devices of this
-// process, or one process of a multi-process job through DistributedDataParallel. The driver
-// in train.cpp does not care which.
+// process, or one process of a multi-process job through DistributedDataParallel -- or, with
+// --zero, with its state sharded (zero_stepper.cpp). The driver in train.cpp does not care which.
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +14,7 @@
 #include "nn/container.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
+#include "nn/serialize_checkpoint.h"
 
 namespace tandem::examples {
 
@@ -50,6 +51,18 @@ class Stepper {
   virtual nn::optim::Optimizer& optimizer() = 0;
   virtual void after_load() {}
 
+  // What a checkpoint holds of the model and its optimizer: ckpt.model and ckpt.optimizer,
+  // whole, in a plain optimizer's layout (Note [training checkpoint names]), filled on the
+  // process that writes the file (reports()); every rank of a job calls it at the same point (a
+  // sharded stepper gathers there). Default: model() and optimizer()'s state dicts.
+  virtual void capture_state(nn::TrainingCheckpoint& ckpt);
+  // The other way, on every rank, from the whole file: default nn::load_training_state into
+  // model() and optimizer(), then after_load(). `source` starts the messages.
+  virtual void load_state(const nn::TrainingCheckpoint& ckpt, const std::string& source);
+  // The name of the first weight that holds a NaN or an Inf, "" when none (the check before a
+  // checkpoint); every rank of a job calls it at the same point. Default: model()'s.
+  virtual std::string first_non_finite_weight();
+
   // Sums t (contiguous, on the first device) over the processes of the job, in place; a no-op
   // for a process that trains alone. Every rank calls it at the same points.
   virtual void sum_across_processes(const Tensor& t) {}
@@ -66,7 +79,7 @@ class Stepper {
 };
 
 // The stepper for cfg: DDP when cfg.group is set (on cfg.devices.front(), which must be the
-// group's device), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
+// group's device; ZeRO or FSDP with cfg.zero), else one device, or cfg.parallel ("scratch" or "dp") over cfg.devices.
 std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
 // cfg.parallel == "pipeline": the model's stages on cfg.devices (one process), or this rank's
 // stage of cfg.group's pipeline (pipeline_stepper.cpp).

@@ -3,6 +3,9 @@
 // a multi-process job (DistributedDataParallel).
 #include "common/stepper.h"
 
+#include "common/checkpoint.h"
+#include "common/rank_stepper.h"
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -16,7 +19,6 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
 #include "parallel/data_parallel.h"
-#include "parallel/distributed/collective_graph.h"
 #include "parallel/distributed/ddp.h"
 #include "parallel/flat_buffer.h"
 #include "parallel/distributed/process_group.h"
@@ -38,17 +40,21 @@ std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
                                                                  .capturable(capturable));
 }
 
+void Stepper::capture_state(nn::TrainingCheckpoint& ckpt) {
+  ckpt.model = model().state_dict();
+  ckpt.optimizer = optimizer().state_dict();
+}
+
+void Stepper::load_state(const nn::TrainingCheckpoint& ckpt, const std::string& source) {
+  nn::load_training_state(ckpt, model(), optimizer(), source);
+  after_load();
+}
+
+std::string Stepper::first_non_finite_weight() { return first_non_finite(model()); }
+
 namespace {
 
 namespace dist = parallel::distributed;
-
-// The program's model, in the memory format the flags ask for (Note [memory formats] in
-// core/tensor.h): set before the model is moved, replicated or coalesced, which all keep it.
-std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg) {
-  std::shared_ptr<nn::Module> m = cfg.make_model();
-  if (cfg.channels_last) m->to(MemoryFormat::ChannelsLast);
-  return m;
-}
 
 // Traces only the first few steps of the run: enough for a timeline picture, and recording
 // every step of an epoch would keep thousands of events alive.
@@ -212,83 +218,16 @@ class DataParallelStepper final : public Stepper {
 };
 
 // ---- one rank of a multi-process job ---------------------------------------------------------
-dist::DistributedDataParallelOptions ddp_options(const TrainConfig& cfg) {
-  dist::DistributedDataParallelOptions o;
-  o.bucket_cap_mb = cfg.bucket_cap_mb;
-  o.first_bucket_cap_mb = std::min(1.0, cfg.bucket_cap_mb);
-  o.overlap = cfg.overlap;
-  return o;
-}
-
 // DDP moves the model to the group's device (the training device), broadcasts rank 0's
-// weights and reduces the gradients while backward runs (parallel/distributed/ddp.h).
-//
-// Note [a CUDA graph per DDP rank]: on a GPU with NCCL the rank's whole step -- the gather of its
-// rows, forward, backward with the bucket allreduces, the optimizer, the epoch's sums -- is
-// captured after two eager steps and replayed, as one device's step is (Note [the one-device
-// step]); parallel/distributed/collective_graph.h says how the group keeps numbering and
-// watching the collectives a replay runs. What the step reads from the host lives on the
-// device, so the same graph serves every full batch: the learning rate and Adam's step count
-// (a capturable optimizer), and the loss scale of an uneven shard (world * rows / global
-// rows), a fill before each step -- a rank whose last shard has a full batch's rows but a
-// smaller global batch replays with its own scale. Steps that are traced run eagerly (a
-// graph's spans would time the capture), as do the steps of a Gloo group (host collectives).
-class DdpStepper final : public Stepper {
+// weights and reduces the gradients while backward runs (parallel/distributed/ddp.h); the rest
+// of the step is every data-parallel rank's (rank_stepper.h), replayed from a CUDA graph on GPUs
+// (Note [a CUDA graph per DDP rank]).
+class DdpStepper final : public RankStepper {
  public:
   explicit DdpStepper(const TrainConfig& cfg)
-      : group_(cfg.group),
-        seed_(cfg.seed),
-        ddp_(build_model(cfg), cfg.group, ddp_options(cfg)),
-        graph_([this](const std::vector<Tensor>& in) { train_step(in[0], {in[1], in[2]}, in[3], in[4], in[5]); },
-               {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph && cfg.trace.empty()},
-               std::make_unique<dist::CollectiveGraph>(std::vector<std::shared_ptr<dist::ProcessGroup>>{cfg.group})) {
+      : RankStepper(cfg, /*graphable=*/true), ddp_(build_model(cfg), cfg.group, ddp_options(cfg)) {
     ddp_.train();
-    const Device d = group_->device();
-    const bool graphed = cfg.cuda_graph && cfg.trace.empty() && d.is_cuda();
-    opt_ = make_optimizer(cfg, ddp_.parameters(), /*capturable=*/graphed);
-    scale_ = zeros({}, kFloat32, d);
-    if (graphed) {
-      const std::string why = dist::CollectiveGraph({group_}).why_not(d);
-      if (!why.empty()) {
-        graph_.disable(why);
-        if (group_->rank() == 0) std::fprintf(stderr, "tandem: CUDA graph off, steps run eagerly: %s\n", why.c_str());
-      }
-    }
-    if (!cfg.trace.empty()) {
-      trace_ = std::make_unique<parallel::Trace>(d, group_->rank(),
-                                                 "rank " + std::to_string(group_->rank()) + " " + d.str());
-      group_->set_trace(trace_.get());
-    }
-  }
-
-  std::shared_ptr<data::DistributedSampler> sampler(int64_t n, bool train) override {
-    if (train)
-      return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), true,
-                                                        seed_);
-    return std::make_shared<data::DistributedSampler>(n, group_->size(), group_->rank(), false, 0,
-                                                      false,
-                                                      /*pad=*/false);
-  }
-
-  void step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
-            const Tensor& loss_sum, const Tensor& correct) override {
-    const int64_t rows = index.size(0);
-    if (rows == 0) return empty_step(data);
-    last_index_ = index;
-    if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
-    trace_now_ = trace_ && traced_steps_ <= kTracedSteps ? trace_.get() : nullptr;
-    // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP averages the ranks'
-    // gradients, so the shard's mean loss is weighted by world * rows / global_rows; the
-    // average is then the gradient of the global batch's mean loss, as on one process.
-    scale_.fill_(static_cast<double>(group_->size()) * static_cast<double>(rows) / static_cast<double>(global_rows));
-    graph_({index}, {data.images(), data.labels(), loss_sum, correct, scale_});
-  }
-
-  // The captured optimizer state may have been replaced: capture again.
-  void after_load() override { graph_.invalidate(); }
-
-  void sum_across_processes(const Tensor& t) override {
-    group_->allreduce(t, dist::ReduceOp::Sum)->wait();
+    opt_ = make_optimizer(cfg, ddp_.parameters(), /*capturable=*/graphed());
   }
 
   void set_lr(double lr) override { opt_->set_lr(lr); }
@@ -297,79 +236,15 @@ class DdpStepper final : public Stepper {
   nn::Module& model() override { return ddp_.module(); }
   nn::optim::Optimizer& optimizer() override { return *opt_; }
 
-  // Every rank hands its timeline to rank 0 through the store; rank 0 writes one file with a
-  // process (pid = rank) per rank, on the shared host clock (parallel/trace.h).
-  void write_trace(const std::string& path) override {
-    if (!trace_) return;
-    group_->set_trace(nullptr);
-    dist::Store& store = group_->store();
-    store.set("trace/" + std::to_string(group_->rank()), trace_->json());
-    if (group_->rank() != 0) return;
-    std::vector<std::string> parts;
-    for (int r = 0; r < group_->size(); ++r) parts.push_back(store.get_string("trace/" + std::to_string(r)));
-    parallel::write_merged_trace(path, parts);
-  }
-
-  nn::Module& eval_model() override {
-    // Parameters are equal on every rank after each step; buffers are each rank's own since the
-    // last forward. Evaluate rank 0's, as one process would.
-    std::vector<Tensor> buffers = ddp_.module().buffers();
-    if (!buffers.empty() && group_->size() > 1) dist::broadcast_coalesced(*group_, buffers, 0);
-    return ddp_.module();
-  }
+ protected:
+  nn::Module& module() override { return ddp_.module(); }
+  void zero_grad() override { opt_->zero_grad(); }
+  Tensor forward(const Tensor& x) override { return ddp_(x); }
+  void optimizer_step() override { opt_->step(); }
 
  private:
-  // One step on the rows `index` of (images, labels), graph-safe (Note [graph-safe steps] in
-  // core/cuda_graph.h): nothing is kept from it but what it writes into the sums.
-  void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum, const Tensor& correct,
-                  const Tensor& scale) {
-    const data::Batch b = data.get(index);
-    parallel::Trace* trace = trace_now_;
-    const Device d = group_->device();
-    opt_->zero_grad();
-    auto span = parallel::Trace::scoped(trace, d, "forward");
-    Tensor logits = ddp_(b.x);
-    Tensor loss = cross_entropy(logits, b.y);
-    span = parallel::Trace::scoped(trace, d, "backward");
-    mul(loss, scale).backward();
-    span = parallel::Trace::scoped(trace, d, "optimizer");
-    opt_->step();
-    span = {};
-    kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
-    kernels::count_correct(logits.detach(), b.y, correct);
-  }
-
-  // Note [an empty shard]: when the global batch is not a multiple of the world size, the last
-  // batch of an epoch can leave this rank no rows. It must still take the step -- the other
-  // ranks wait for its buffer broadcast and its bucket allreduces -- and contribute a zero
-  // gradient. A forward of 0 rows is not possible everywhere (BatchNorm refuses it in
-  // training), so the rank runs a stand-in, eagerly: two rows of its previous batch with the
-  // loss weighted by 0, and puts its buffers back afterwards so they do not see the stand-in.
-  // The first batch of an epoch always gives every rank a row (batch_size >= world size), so a
-  // previous batch exists.
-  void empty_step(const data::TensorDataset& data) {
-    TANDEM_CHECK(last_index_.defined(), Value, "DDP stepper: this rank's first batch is empty");
-    const int64_t n = std::min<int64_t>(2, last_index_.size(0));
-    const data::Batch b = data.get(last_index_.slice(0, 0, n));
-    std::vector<Tensor> buffers = ddp_.module().buffers(), saved;
-    for (const Tensor& t : buffers) saved.push_back(t.clone());
-    opt_->zero_grad();
-    Tensor loss = cross_entropy(ddp_(b.x), b.y);
-    mul(loss, 0.0).backward();
-    opt_->step();
-    for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
-  }
-
-  std::shared_ptr<dist::ProcessGroup> group_;
-  uint64_t seed_;
   dist::DistributedDataParallel ddp_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  Tensor last_index_;  // this rank's previous batch (Note [an empty shard])
-  Tensor scale_;       // this step's loss scale, on the device (Note [a CUDA graph per DDP rank])
-  std::unique_ptr<parallel::Trace> trace_;
-  parallel::Trace* trace_now_ = nullptr;  // the trace while this step is traced
-  int64_t traced_steps_ = 0;
-  StepGraph graph_;
 };
 
 }  // namespace
@@ -381,6 +256,7 @@ std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg) {
     TANDEM_CHECK(cfg.devices.size() == 1 && cfg.devices.front() == cfg.group->device(), Value,
                  "make_stepper: the ", cfg.group->backend(), " group works on ",
                  cfg.group->device().str(), ", not on the training device");
+    if (cfg.zero) return make_zero_stepper(cfg);
     return std::make_unique<DdpStepper>(cfg);
   }
   if (cfg.devices.size() == 1) return std::make_unique<SingleDeviceStepper>(cfg);

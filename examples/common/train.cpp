@@ -114,7 +114,7 @@ class LossWindow {
 // them too, so none holds what only the next step would report. Every rank checks (the weights
 // are the same everywhere), so all of them stop together.
 void check_weights(Stepper& stepper, int64_t epoch, int64_t batch, int64_t step, const std::string& last_good) {
-  const std::string bad = first_non_finite(stepper.model());
+  const std::string bad = stepper.first_non_finite_weight();
   TANDEM_CHECK(bad.empty(), Value, "the weights are not finite at epoch ", epoch,
                batch >= 0 ? ", step " + std::to_string(batch) : std::string(" (its end)"), " (run step ", step,
                "; tensor '", bad, "'); stopping. ",
@@ -161,8 +161,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     std::string path;
     if (read_resume_checkpoint(cfg, ck, path)) {
       check_same_run(ck, cfg, path);
-      nn::load_training_state(ck, stepper->model(), stepper->optimizer(), path);
-      stepper->after_load();
+      stepper->load_state(ck, path);
       nn::restore_rng_states(ck);
       TANDEM_CHECK(ck.epoch_step <= train_loader.num_batches(), Value, path, ": epoch_step ", ck.epoch_step,
                    " is past the ", train_loader.num_batches(), " batches of an epoch");

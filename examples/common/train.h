@@ -61,7 +61,10 @@ struct TrainConfig {
   bool distributed = false;
   std::string backend = "auto";
   std::shared_ptr<parallel::distributed::ProcessGroup> group;
-  double bucket_cap_mb = 25.0;          // DDP's bucket size
+  double bucket_cap_mb = 25.0;          // DDP's bucket size (and ZeRO-2's)
+  // --zero: the job's state sharded (0: DDP). 1: ZeroRedundancyOptimizer stage 1 beside DDP,
+  // 2: stage 2 on the bare module, 3: FullyShardedDataParallel (zero_stepper.cpp).
+  int zero = 0;
   bool overlap = true;                  // false: DDP reduces after backward (for measurements)
   bool cuda_graph = true;               // GPUs of this process: the step in a CUDA graph per GPU (core/cuda_graph.h)
   bool channels_last = false;           // 4-D weights, and so activations, channels-last (Note [memory formats])

@@ -112,6 +112,8 @@ class FullyShardedDataParallel {
   // Unit u: its parameters' count n and this rank's shard length S.
   int64_t unit_numel(size_t u) const { return units_.at(u).numel; }
   int64_t unit_shard_numel(size_t u) const { return units_.at(u).shard; }
+  // Unit u's parameters (the module's), in their order in its flat buffer (fsdp_state_dict.h).
+  const std::vector<Tensor>& unit_parameters(size_t u) const { return units_.at(u).params; }
 
   // RAII: every unit's parameters whole (all-gathered) while alive, released again after. Not
   // between a forward and its backward (the release would leave the backward nothing to read:

@@ -12,6 +12,7 @@
 #include "kernels/ops.h"
 #include "parallel/distributed/ddp.h"
 #include "parallel/reducer.h"
+#include "parallel/sharded/shard_state.h"
 
 namespace tandem::parallel::sharded {
 
@@ -368,65 +369,24 @@ void ZeroRedundancyOptimizer::finish_backward() {
 
 // ---- state ------------------------------------------------------------------------------
 
+std::vector<FlatGroup> ZeroRedundancyOptimizer::flat_groups() const {
+  std::vector<FlatGroup> out;
+  for (const Bucket& b : buckets_) out.push_back({b.params, b.offset, b.numel, b.shard});
+  return out;
+}
+
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const int rank = group_->rank(), world = group_->size();
   TANDEM_CHECK(to >= 0 && to < world, Value,
                "ZeroRedundancyOptimizer::consolidate_state_dict: to=", to,
                " is not a rank of a group of ", world);
-  NoGradGuard no_grad;
-  const nn::StateDict local = optim_->state_dict();  // "state.<b>.<name>", tensors [S_b] or "step"
-  // Which state each bucket's shard has ("step" is a scalar: the same on every rank, since
-  // every shard steps together; the others are like the shard).
+  // The previous consolidation goes first: `to` holds one whole copy at most (Note [sharded
+  // optimizer state] in shard_state.h).
   consolidated_.clear();
   has_consolidated_ = false;
-  std::vector<std::vector<std::pair<std::string, Tensor>>> per_bucket(buckets_.size());
-  for (size_t i = 0; i < local.size(); ++i) {
-    const auto& [key, t] = local.item(i);
-    const size_t dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
-    const size_t b = std::stoul(key.substr(dot1 + 1, dot2 - dot1 - 1));
-    per_bucket.at(b).emplace_back(key.substr(dot2 + 1), t);
-  }
-  // The full state of each bucket on `to`, filled one rank's shard at a time.
-  std::vector<std::vector<Tensor>> full(buckets_.size());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bk = buckets_[b];
-    for (const auto& [name, t] : per_bucket[b]) {
-      const bool like = t.numel() == bk.shard && t.dim() == 1 && name != "step";
-      full[b].push_back(rank == to && like ? empty({bk.shard * world}, t.dtype(), t.device())
-                                           : Tensor());
-    }
-    for (int r = 0; r < world; ++r) {
-      for (size_t k = 0; k < per_bucket[b].size(); ++k) {
-        const auto& [name, t] = per_bucket[b][k];
-        if (name == "step") continue;
-        Tensor piece = r == rank ? t.contiguous() : empty({bk.shard}, t.dtype(), t.device());
-        if (r != to) group_->broadcast(piece, r)->wait();
-        if (rank == to) full[b][k].slice(0, r * bk.shard, (r + 1) * bk.shard).copy_(piece);
-      }
-    }
-  }
-  if (rank != to) return;
-  // Per parameter, in a plain optimizer's layout and PyTorch's state order.
-  std::vector<std::string> names;
-  if (!per_bucket.empty()) {
-    for (const auto& [name, t] : per_bucket[0]) names.push_back(name);
-  }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const size_t b = bucket_of_[i], k = slot_of_[i];
-    const Tensor& p = params_[i];
-    for (size_t s = 0; s < per_bucket[b].size(); ++s) {
-      const auto& [name, t] = per_bucket[b][s];
-      const std::string key = "state." + std::to_string(i) + "." + name;
-      if (name == "step") {
-        consolidated_.insert(key, t.to(kCPU).clone());
-      } else {
-        const int64_t off = buckets_[b].offset[k];
-        consolidated_.insert(key,
-                             full[b][s].slice(0, off, off + p.numel()).view(p.shape()).clone());
-      }
-    }
-  }
-  has_consolidated_ = true;
+  consolidated_ =
+      gather_optimizer_state(optim_->state_dict(), params_, flat_groups(), group_.get(), rank, to);
+  has_consolidated_ = rank == to;
 }
 
 const nn::StateDict& ZeroRedundancyOptimizer::state_dict() const {
@@ -439,68 +399,10 @@ const nn::StateDict& ZeroRedundancyOptimizer::state_dict() const {
 }
 
 void ZeroRedundancyOptimizer::load_state_dict(const nn::StateDict& state) {
-  NoGradGuard no_grad;
-  const int rank = group_->rank(), world = group_->size();
-  // The names of the state kinds, in order, from the entries of parameter 0's bucket-mates.
-  auto entry = [&](size_t i, const std::string& name) -> const Tensor* {
-    return state.find("state." + std::to_string(i) + "." + name);
-  };
-  std::vector<std::string> kinds;
-  for (size_t k = 0; k < state.size(); ++k) {
-    const std::string& key = state.item(k).first;
-    const size_t dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
-    TANDEM_CHECK(key.rfind("state.", 0) == 0 && dot2 != std::string::npos, Value,
-                 "ZeroRedundancyOptimizer::load_state_dict: '", key, "' is not state.<i>.<name>");
-    const size_t i = std::stoul(key.substr(dot1 + 1, dot2 - dot1 - 1));
-    TANDEM_CHECK(i < params_.size(), Value, "ZeroRedundancyOptimizer::load_state_dict: '", key,
-                 "' names parameter ", i, " of ", params_.size());
-    const std::string name = key.substr(dot2 + 1);
-    if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) kinds.push_back(name);
-  }
-  nn::StateDict local;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bk = buckets_[b];
-    const size_t first = bk.params[0];
-    const bool has = !kinds.empty() && entry(first, kinds.back()) != nullptr;
-    for (size_t i : bk.params) {
-      for (const std::string& name : kinds) {
-        TANDEM_CHECK(
-            (entry(i, name) != nullptr) == has, Value,
-            "ZeroRedundancyOptimizer::load_state_dict: parameter ", i,
-            (has ? " lacks '" : " has '"), name, "' but parameter ", first,
-            " of the same bucket does not (the shard of a bucket has state for all or none)");
-      }
-    }
-    if (!has) continue;
-    for (const std::string& name : kinds) {
-      const std::string key = "state." + std::to_string(b) + "." + name;
-      const Tensor& t0 = *entry(first, name);
-      if (name == "step" ||
-          (t0.dim() == 0 && params_[first].dim() != 0)) {  // a count: one per shard
-        const double v = t0.to(kCPU).to(kFloat64).item();
-        for (size_t i : bk.params) {
-          const double vi = entry(i, name)->to(kCPU).to(kFloat64).item();
-          TANDEM_CHECK(vi == v, Value, "ZeroRedundancyOptimizer::load_state_dict: 'state.", i, ".",
-                       name, "' is ", vi, " but 'state.", first, ".", name,
-                       "' of the same bucket is ", v);
-        }
-        local.insert(key, t0.clone());
-        continue;
-      }
-      Tensor full = zeros({bk.shard * world}, t0.dtype(), kCPU);
-      for (size_t k = 0; k < bk.params.size(); ++k) {
-        const Tensor& p = params_[bk.params[k]];
-        const Tensor& t = *entry(bk.params[k], name);
-        TANDEM_CHECK(t.numel() == p.numel(), Shape,
-                     "ZeroRedundancyOptimizer::load_state_dict: 'state.", bk.params[k], ".", name,
-                     "' has ", t.numel(), " elements but the parameter has ", p.numel());
-        full.slice(0, bk.offset[k], bk.offset[k] + p.numel())
-            .copy_(t.to(kCPU).contiguous().view({-1}));
-      }
-      local.insert(key, full.slice(0, rank * bk.shard, (rank + 1) * bk.shard).clone());
-    }
-  }
-  optim_->load_state_dict(local);
+  optim_->load_state_dict(shard_optimizer_state(state, params_, flat_groups(), group_->rank(),
+                                                group_->size(),
+                                                "ZeroRedundancyOptimizer::load_state_dict",
+                                                "bucket"));
 }
 
 ShardedMemory ZeroRedundancyOptimizer::memory() const {

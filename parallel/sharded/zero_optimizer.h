@@ -63,6 +63,7 @@
 
 #include "nn/optim/optimizer.h"
 #include "parallel/distributed/process_group.h"
+#include "parallel/sharded/shard_state.h"
 
 namespace tandem::parallel::sharded {
 
@@ -130,7 +131,8 @@ class ZeroRedundancyOptimizer {
   void gather_parameters();
 
   // Gathers the whole optimizer state onto rank `to`, one rank's shard at a time (a broadcast
-  // from each rank in turn of each state tensor; every rank must call it). Afterwards
+  // from each rank in turn of each state tensor, copied into per-parameter tensors there: `to`
+  // holds the whole state once plus one shard; every rank must call it). Afterwards
   // state_dict() on `to` returns it in the layout of a plain optimizer over `params`
   // ("state.<i>.<name>", i the parameter's position, tensors shaped like it), loadable into
   // one; the other ranks hold nothing. ValueError for `to` out of range.
@@ -174,6 +176,7 @@ class ZeroRedundancyOptimizer {
     distributed::WorkPtr work;
   };
   Tensor packed_gradients(const Bucket& b) const;  // [N * shard]
+  std::vector<FlatGroup> flat_groups() const;        // the buckets, for shard_state.h
   void attach_shard_grads();
   // Stage 2.
   void on_gradient(size_t param, const Tensor& grad);

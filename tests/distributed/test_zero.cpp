@@ -23,6 +23,7 @@
 #include "parallel/distributed/launch.h"
 #include "parallel/distributed/process_group.h"
 #include "parallel/sharded/fsdp.h"
+#include "parallel/sharded/fsdp_state_dict.h"
 #include "parallel/sharded/zero_optimizer.h"
 
 using namespace tandem;
@@ -258,6 +259,64 @@ TEST_CASE("FullyShardedDataParallel of one rank steps like the plain optimizer, 
   CHECK(fsdp.memory().parameters == (35 + 7 + 21 + 3) * 4);
   auto a = net->parameters(), b = ref->parameters();
   for (size_t k = 0; k < a.size(); ++k) CHECK(tandem::test::rel_error(a[k], b[k]) < 1e-6);
+}
+
+TEST_CASE("FSDP full state dicts of one rank: a plain optimizer's layout, and back, for both strategies",
+          "[dist][zero][fsdp]") {
+  namespace sh = tandem::parallel::sharded;
+  for (sh::ShardingStrategy strategy : {sh::ShardingStrategy::SHARD_GRAD_OP, sh::ShardingStrategy::NO_SHARD}) {
+    INFO(sh::sharding_strategy_name(strategy));
+    OneRank one;
+    auto net = small_net(3), ref = small_net(3);
+    sh::FullyShardedDataParallel fsdp(net, one.group, {strategy});
+    nn::optim::Adam opt(fsdp.parameters(), nn::optim::AdamOptions(1e-2));
+    nn::optim::Adam plain(ref->parameters(), nn::optim::AdamOptions(1e-2));
+    Generator gen(6);
+    auto step = [&](sh::FullyShardedDataParallel& f, nn::optim::Optimizer& o, nn::Module& r, nn::optim::Optimizer& p) {
+      Tensor x = randn({4, 5}, kFloat32, kCPU, &gen);
+      Tensor y = from_vector<int64_t>({0, 2, 1, 2}, {4}, kCPU);
+      o.zero_grad();
+      cross_entropy(f(x), y).backward();
+      o.step();
+      p.zero_grad();
+      cross_entropy(r.forward(x), y).backward();
+      p.step();
+    };
+    for (int k = 0; k < 2; ++k) step(fsdp, opt, *ref, plain);
+    // FSDP -> the plain layout: the module's names, the plain Adam's names in its order.
+    const nn::StateDict weights = sh::full_state_dict(fsdp), state = sh::full_optim_state_dict(fsdp, opt);
+    const nn::StateDict want_w = ref->state_dict(), want_s = plain.state_dict();
+    REQUIRE(weights.keys() == want_w.keys());
+    REQUIRE(state.keys() == want_s.keys());
+    for (const auto& [name, t] : weights) CHECK(tandem::test::rel_error(t, want_w.at(name)) < 1e-6);
+    for (const auto& [name, t] : state) CHECK(tandem::test::rel_error(t, want_s.at(name)) < 1e-5);
+    // The plain layout -> a fresh FSDP model of other weights: it then steps as the plain one.
+    auto net2 = small_net(4);
+    sh::FullyShardedDataParallel fsdp2(net2, one.group, {strategy});
+    nn::optim::Adam opt2(fsdp2.parameters(), nn::optim::AdamOptions(1e-2));
+    sh::load_full_state_dict(fsdp2, want_w);
+    opt2.load_state_dict(sh::shard_full_optim_state_dict(want_s, fsdp2));
+    step(fsdp2, opt2, *ref, plain);
+    {
+      auto full = fsdp2.summon_full_params();
+      auto a = net2->parameters(), b = ref->parameters();
+      for (size_t k = 0; k < a.size(); ++k) CHECK(tandem::test::rel_error(a[k], b[k]) < 1e-6);
+    }
+    // Bad input names the entry: a unit's parameters with state only in part; a missing tensor.
+    nn::StateDict partial = plain.state_dict();
+    nn::StateDict cut;
+    for (const auto& [name, t] : partial)
+      if (name.rfind("state.1.", 0) != 0) cut.insert(name, t);
+    CHECK(tandem::test::contains(
+        tandem::test::error_message<ValueError>([&] { sh::shard_full_optim_state_dict(cut, fsdp2); }),
+        "of the same unit"));
+    nn::StateDict missing;
+    for (const auto& [name, t] : want_w)
+      if (name != "2.bias") missing.insert(name, t);
+    CHECK(tandem::test::contains(
+        tandem::test::error_message<ValueError>([&] { sh::load_full_state_dict(fsdp2, missing, "ckpt", "model."); }),
+        "'model.2.bias'"));
+  }
 }
 #endif
 

@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "data/data_test_util.h"
 #include "data/idx.h"
+#include "examples/program_runs.h"
 #include "examples/tiny_dataset.h"
 #include "parallel/distributed/launch.h"
 
@@ -25,21 +26,8 @@ namespace {
 
 using tandem::test::TempDir;
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-// Runs a program with `args`; returns its exit code and what it printed.
-Result run_program(const char* program, const TempDir& dir, const std::string& args) {
-  const std::string out = dir.file("out.txt");
-  const std::string cmd = std::string(program) + " " + args + " > " + out + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
-}
+using Result = tandem::test::ProgramResult;
+using tandem::test::run_program;
 
 Result run_lenet(const TempDir& dir, const std::string& args) {
   return run_program(TANDEM_LENET_PATH, dir, args);
@@ -204,37 +192,10 @@ TEST_CASE("lenet --help says the batch is global", "[examples]") {
 #if defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
 namespace {
 
-// Collectives that hang fail in seconds, not the default ten minutes.
-const std::string kDistEnv = "TANDEM_DIST_TIMEOUT=20 ";
-
-Result run_launched(const TempDir& dir, int nproc, const char* program, const std::string& args) {
-  return run_program((kDistEnv + TANDEM_RUN_PATH + " --standalone --grace-seconds 1 --nproc-per-node " +
-                      std::to_string(nproc) + " " + program).c_str(),
-                     dir, args);
-}
-
-struct EpochLine {
-  std::string prefix;  // what precedes "epoch" ("[rank 0] " under the launcher)
-  long long epoch;
-  double loss, train_acc, test_acc;
-};
-
-// The "epoch N  loss L  train acc A  test acc T ..." lines of an output.
-std::vector<EpochLine> epoch_lines(const std::string& out) {
-  std::vector<EpochLine> lines;
-  std::istringstream is(out);
-  for (std::string line; std::getline(is, line);) {
-    const size_t at = line.find("epoch ");
-    EpochLine e;
-    if (at == std::string::npos ||
-        std::sscanf(line.c_str() + at, "epoch %lld loss %lf train acc %lf test acc %lf", &e.epoch, &e.loss,
-                    &e.train_acc, &e.test_acc) != 4)
-      continue;
-    e.prefix = line.substr(0, at);
-    lines.push_back(e);
-  }
-  return lines;
-}
+using tandem::test::EpochLine;
+using tandem::test::epoch_lines;
+using tandem::test::kDistEnv;
+using tandem::test::run_launched;
 
 // The rows of a CSV written by --csv, as numbers, without the header.
 std::vector<std::vector<double>> csv_rows(const std::string& path) {
