@@ -294,7 +294,7 @@ TEST_CASE("a --zero checkpoint resumes at any world size and stage as the uninte
   require_close_checkpoints(end, ckpt(fsdp2, 8), 1e-6);
 }
 
-TEST_CASE("--zero's bad combinations are one line and exit 2", "[examples][dist][zero]") {
+TEST_CASE("The --zero flag's bad combinations are one line and exit 2", "[examples][dist][zero]") {
   TempDir dir;
   tandem::test::write_tiny_dataset(dir.path());
   const std::string data =

@@ -110,7 +110,9 @@ TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training
           const double err = test::max_param_error(*run.model, *one.model);
           INFO(opt_name << ", " << P << " stages, " << schedule.name << ", M " << M
                         << ": max rel error " << err);
-          CHECK(err <= (M == 1 ? 0.0 : 1e-5));
+          // M = 1 runs the one-device kernels, but each stage on its own worker thread, where
+          // OpenBLAS may split a product differently: equal to within a rounding, not bitwise.
+          CHECK(err <= (M == 1 ? 1e-6 : 1e-5));
           worst = std::max(worst, err);
           for (int k = 0; k < kSteps; ++k)
             CHECK(std::abs(run.losses[k] - one.losses[k]) <= 1e-5 * one.losses[k]);
