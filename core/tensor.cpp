@@ -218,7 +218,9 @@ void* Tensor::raw_data() const {
                " whose storage was released (Storage::release) and not reallocated; under "
                "FullyShardedDataParallel a sharded parameter holds its bytes only during its unit's "
                "forward and backward and inside summon_full_params()");
-  return static_cast<char*>(impl.storage->data()) + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype));
+  char* base = static_cast<char*>(impl.storage->data());
+  if (base == nullptr) return nullptr;  // no bytes (an empty view of a released storage): nothing to offset
+  return base + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype));
 }
 
 Tensor Tensor::view(const Shape& shape) const {
