@@ -39,7 +39,7 @@ flags:
   --node-rank R           this node's index, 0..M-1 (default 0); ranks are R*N .. R*N+N-1
   --master-addr ADDR      where rank 0 hosts the store (default 127.0.0.1)
   --master-port PORT      its port (default 29500)
-  --standalone            one node, a free port on 127.0.0.1
+  --standalone            one node; the launcher serves the store on a free port of 127.0.0.1
   --run-id ID             job id every worker gets (default: random on one node,
                           ADDR:PORT:WORLD on several)
   --grace-seconds S       between SIGTERM and SIGKILL when stopping (default 5)

@@ -33,6 +33,38 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<Tensor>& param
   return buckets;
 }
 
+// Note [gradients in parameter order]
+// The optimizer updates a whole model with one kernel when the parameters are back to back in
+// one storage and so are their gradients, in the same order (Note [flat optimizer step] in
+// nn/optim/optimizer.h); a step of ResNet-18 otherwise launches 62 small updates. Buckets fill
+// last parameter first, so a bucket per allocation leaves the gradients in reverse order, in
+// pieces. But assign_buckets' buckets are runs of consecutive parameters (bucket 0 the last
+// ones), so one buffer in parameter order holds every bucket as a slice: bucket b starts where
+// the parameters of the buckets after it end. That is the layout whenever the buckets are such
+// runs, of one dtype and device; otherwise each bucket has its own allocation.
+// Returns each bucket's offset in that buffer, or nothing when the layout does not apply.
+std::vector<int64_t> Reducer::parameter_order_offsets(const std::vector<Tensor>& params,
+                                                      const std::vector<std::vector<size_t>>& buckets) {
+  size_t next = params.size();  // walking the buckets, each must end just below the last
+  for (const auto& bucket : buckets) {
+    for (size_t i : bucket) {
+      if (next == 0 || i != next - 1) return {};
+      --next;
+      if (!params[i].defined() || params[i].dtype() != params[0].dtype() ||
+          params[i].device() != params[0].device())
+        return {};
+    }
+  }
+  if (next != 0) return {};
+  std::vector<int64_t> offsets(buckets.size());
+  int64_t offset = 0;
+  for (size_t b = buckets.size(); b-- > 0;) {
+    offsets[b] = offset;
+    for (size_t i : buckets[b]) offset += params[i].numel();
+  }
+  return offsets;
+}
+
 Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std::vector<std::vector<size_t>> buckets,
                  Launch launch, Options options)
     : params_(std::move(params)), names_(std::move(names)), launch_(std::move(launch)), options_(options) {
@@ -42,6 +74,12 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
   bucket_of_.assign(params_.size(), SIZE_MAX);
   slot_of_.assign(params_.size(), SIZE_MAX);
   ready_.assign(params_.size(), 0);
+  const std::vector<int64_t> offsets = parameter_order_offsets(params_, buckets);
+  if (!offsets.empty()) {
+    int64_t total = 0;
+    for (const Tensor& p : params_) total += p.numel();
+    flat_ = zeros({total}, params_[0].dtype(), params_[0].device());
+  }
   for (size_t b = 0; b < buckets.size(); ++b) {
     Bucket bucket;
     bucket.params = std::move(buckets[b]);
@@ -60,8 +98,17 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
       members.push_back(p);
       total += p.numel();
     }
-    bucket.flat = zeros({total}, members[0].dtype(), members[0].device());
-    bucket.views = split_views(bucket.flat, members);
+    if (flat_.defined()) {
+      // Note [gradients in parameter order]: the bucket is a slice of flat_, its members at
+      // their place in parameter order (the bucket lists them last first).
+      bucket.flat = flat_.slice(0, offsets[b], offsets[b] + total);
+      std::vector<Tensor> ascending(members.rbegin(), members.rend());
+      std::vector<Tensor> views = split_views(bucket.flat, ascending);
+      bucket.views.assign(views.rbegin(), views.rend());
+    } else {
+      bucket.flat = zeros({total}, members[0].dtype(), members[0].device());
+      bucket.views = split_views(bucket.flat, members);
+    }
     buckets_.push_back(std::move(bucket));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -85,6 +132,14 @@ void Reducer::prepare_for_backward() {
 }
 
 void Reducer::attach_grads() {
+  if (flat_.defined() && std::none_of(params_.begin(), params_.end(),
+                                      [](const Tensor& p) { return p.grad().defined(); })) {
+    flat_.zero_();  // after zero_grad(): one fill for every gradient
+    for (Bucket& bucket : buckets_) {
+      for (size_t k = 0; k < bucket.params.size(); ++k) params_[bucket.params[k]].set_grad(bucket.views[k]);
+    }
+    return;
+  }
   for (Bucket& bucket : buckets_) {
     bool none_attached = true;
     for (size_t k = 0; k < bucket.params.size(); ++k) {

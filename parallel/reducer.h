@@ -10,7 +10,9 @@
 //      produces the last layer's gradients first — each bucket up to a byte cap (25 MB; the
 //      first bucket 1 MB, so the first allreduce starts early);
 //   2. each bucket is one flat tensor and each parameter's .grad is a view into it, so
-//      backward accumulates straight into the buckets (no copy);
+//      backward accumulates straight into the buckets (no copy); where the buckets allow, they
+//      are slices of one buffer holding every gradient in parameter order, so the optimizer
+//      can update the whole model at once (Note [gradients in parameter order]);
 //   3. a gradient hook per parameter counts the bucket down; the moment a bucket's last
 //      gradient is final, its reduction is launched — while backward goes on computing the
 //      earlier layers' gradients (overlap);
@@ -83,6 +85,9 @@ class Reducer {
   size_t num_buckets() const { return buckets_.size(); }
   const std::vector<size_t>& bucket_params(size_t b) const { return buckets_.at(b).params; }
   const Tensor& bucket_flat(size_t b) const { return buckets_.at(b).flat; }
+  // Every gradient in one buffer in parameter order, the buckets its slices (Note [gradients
+  // in parameter order] in reducer.cpp), or undefined when the buckets do not allow it.
+  const Tensor& flat_gradients() const { return flat_; }
   // How many backward passes have been reduced (for tests and traces).
   int64_t reductions() const { return reductions_; }
   // Called with (bucket, launched = true) before each launch and (bucket, false) after each
@@ -102,8 +107,12 @@ class Reducer {
   void launch_ready();
   void finish_backward();
 
+  static std::vector<int64_t> parameter_order_offsets(const std::vector<Tensor>& params,
+                                                      const std::vector<std::vector<size_t>>& buckets);
+
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
+  Tensor flat_;  // all buckets, in parameter order, when the layout allows (else undefined)
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_, slot_of_;  // per parameter
   std::vector<char> ready_;                  // per parameter, this backward

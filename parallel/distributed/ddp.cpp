@@ -75,6 +75,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     params.push_back(p);
     names.push_back(name);
   }
+  // The parameters back to back in one buffer and (the Reducer's layout) their gradients in
+  // another, in the same order: the optimizer then updates the whole model with one kernel
+  // (Note [gradients in parameter order] in parallel/reducer.cpp). Each parameter keeps its
+  // TensorImpl, so an optimizer built before this still holds the right tensors.
+  {
+    NoGradGuard no_grad;
+    try_coalesce(params);
+  }
   auto buckets = assign_buckets(params, mb_to_bytes(options.bucket_cap_mb), mb_to_bytes(options.first_bucket_cap_mb));
   ProcessGroup* pg = group_.get();
   Reducer::Launch launch = [pg](size_t, const Tensor& flat) -> Reducer::Wait {

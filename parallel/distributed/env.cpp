@@ -163,6 +163,12 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
   check_store_address(env.master_addr, env.world_size, env.local_world_size,
                       "MASTER_ADDR=" + env.master_addr);
 
+  if (auto hosted = lookup_nonempty(lookup, "TANDEM_STORE_HOSTED")) {
+    TANDEM_CHECK(*hosted == "0" || *hosted == "1", Dist, "TANDEM_STORE_HOSTED=", *hosted,
+                 " is not 0 or 1");
+    env.store_hosted = *hosted == "1";
+  }
+
   env.job_id = launcher_job_id(lookup);
   if (env.job_id.empty()) {
     // Every process of one job computes the same id; another job on the same address and
@@ -176,7 +182,7 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
 std::string DistEnv::str() const {
   return "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (local " +
          std::to_string(local_rank) + " of " + std::to_string(local_world_size) + "), store " +
-         master_addr + ":" + std::to_string(master_port) + ", job " + job_id + ", from " + source;
+         master_addr + ":" + std::to_string(master_port) + (store_hosted ? " (the launcher's)" : "") + ", job " + job_id + ", from " + source;
 }
 
 }  // namespace tandem::parallel::distributed

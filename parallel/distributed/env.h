@@ -23,6 +23,10 @@
 // (TORCHELASTIC_USE_AGENT_STORE=True), tandem's store takes MASTER_PORT + 1; TANDEM_STORE_PORT
 // sets the store's port explicitly in any case (Note [under torchrun's own store]).
 //
+// TANDEM_STORE_HOSTED=1 says the launcher itself serves the store at MASTER_ADDR:MASTER_PORT
+// (tandem-run --standalone does): rank 0 then connects to it as every other rank does instead
+// of hosting it.
+//
 // Bad values are one clear DistError naming the variable and its value: RANK >= WORLD_SIZE,
 // a negative or non-numeric value, LOCAL_RANK >= LOCAL_WORLD_SIZE, a port outside 1..65535.
 #include <cstdint>
@@ -40,6 +44,7 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   std::string job_id;
+  bool store_hosted = false;  // TANDEM_STORE_HOSTED=1: the launcher serves the store
   std::string source;  // which contract it came from: "torchrun", "openmpi", "slurm" or "none"
 
   int node_count() const { return world_size / local_world_size; }  // when launched evenly

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "core/error.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/launch_process.h"
+#include "parallel/distributed/store.h"
 
 extern char** environ;
 
@@ -278,7 +280,8 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int rank, in
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
-      {"TANDEM_JOB_ID", job_id}};
+      {"TANDEM_JOB_ID", job_id},
+      {"TANDEM_STORE_HOSTED", o.standalone ? "1" : "0"}};
   for (const std::string& entry : extra) {
     const size_t eq = entry.find('=');
     set.emplace_back(entry.substr(0, eq), eq == std::string::npos ? "" : entry.substr(eq + 1));
@@ -287,7 +290,10 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int rank, in
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
     const std::string key = entry.substr(0, entry.find('='));
-    bool replaced = key == "TORCHELASTIC_USE_AGENT_STORE";
+    // A hosted store is at MASTER_PORT: a TANDEM_STORE_PORT inherited from outside would send
+    // the workers elsewhere.
+    bool replaced = key == "TORCHELASTIC_USE_AGENT_STORE" || key == "TANDEM_STORE_HOSTED" ||
+                    (o.standalone && key == "TANDEM_STORE_PORT");
     for (const auto& [k, v] : set) replaced = replaced || key == k;
     if (!replaced) env.push_back(entry);
   }
@@ -319,16 +325,31 @@ int run_job(LaunchOptions o, const std::string& program, bool search_path,
   TANDEM_CHECK(one.owns_lock(), Value,
                "launch: another launch() or spawn() is running in this "
                "process");
-  if (o.standalone) {
-    o.master_addr = "127.0.0.1";
-    o.master_port = free_port();
-  }
   const int world = o.nproc_per_node * o.nnodes;
   std::string job_id = o.run_id;
   if (job_id.empty())
     job_id = o.nnodes > 1
                  ? o.master_addr + ":" + std::to_string(o.master_port) + ":" + std::to_string(world)
                  : random_hex();
+  // Note [the launcher hosts the store]
+  // A standalone job's store could be rank 0's, on a port the launcher picked with free_port():
+  // but between the launcher closing that probe and rank 0 binding it, any other process on the
+  // machine may be handed the same number (another job's store, or the local end of an outgoing
+  // connection), and this job's ranks then meet a stranger or no one. So the launcher binds
+  // port 0 itself and serves the store for the life of the job, as torchrun's agent does; the
+  // workers learn it from TANDEM_STORE_HOSTED=1 and rank 0 connects like every other rank. A rank
+  // that dies no longer takes the store with it: the others see it marked gone (Note
+  // [disconnect tracking] in store_server.cpp) while the launcher stops them.
+  std::unique_ptr<TCPStoreServer> hosted;
+  if (o.standalone) {
+    TCPStoreOptions so;
+    so.job_id = job_id;
+    so.world_size = world;
+    so.local_world_size = o.nproc_per_node;
+    o.master_addr = "127.0.0.1";
+    hosted = std::make_unique<TCPStoreServer>(o.master_addr, 0, so);
+    o.master_port = hosted->port();
+  }
 
   SignalScope signals;  // before the first worker: its SIGCHLD must not be missed
   std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
@@ -503,20 +524,55 @@ std::vector<std::string> own_argv() {
 
 }  // namespace
 
-int free_port() {
+// Note [free ports outside the ephemeral range]
+// bind(port 0) and the local end of every outgoing connection draw from the same range
+// (net.ipv4.ip_local_port_range, 32768-60999 by default), so a port found that way and let go is
+// soon handed to someone else on a busy machine: a test suite whose jobs open hundreds of
+// connections a second meets that within minutes. The kernel never picks a port below that range
+// by itself, so free_port() tries random ports there first (a port some service listens on
+// fails to bind and is skipped); only when the range starts too low to leave room does it fall
+// back to port 0.
+namespace {
+
+bool bindable(int port, int& bound) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   TANDEM_CHECK(fd >= 0, Dist, "free_port: cannot create a socket: ", std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof addr;
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   const int saved = errno;
   ::close(fd);
-  TANDEM_CHECK(ok, Dist, "free_port: cannot bind 127.0.0.1:0: ", std::strerror(saved));
-  return ntohs(addr.sin_port);
+  errno = saved;
+  bound = ntohs(addr.sin_port);
+  return ok;
+}
+
+int ephemeral_low() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  return in >> low >> high ? low : 32768;
+}
+
+}  // namespace
+
+int free_port() {
+  constexpr int kLowest = 10000;  // above the well-known and most registered services
+  const int low = ephemeral_low();
+  if (low - kLowest >= 1000) {
+    std::random_device rd;
+    std::uniform_int_distribution<int> pick(kLowest, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      int bound = 0;
+      if (bindable(pick(rd), bound)) return bound;
+    }
+  }
+  int bound = 0;
+  TANDEM_CHECK(bindable(0, bound), Dist, "free_port: cannot bind 127.0.0.1:0: ", std::strerror(errno));
+  return bound;
 }
 
 int launch(const LaunchOptions& options, const std::vector<std::string>& argv) {

@@ -54,8 +54,9 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // A single-node job on a free port of 127.0.0.1 (master_addr and master_port are ignored;
-  // needs nnodes == 1).
+  // A single-node job whose store the launcher serves itself on a free port of 127.0.0.1
+  // (master_addr and master_port are ignored; needs nnodes == 1; Note [the launcher hosts the
+  // store] in launch.cpp).
   bool standalone = false;
   // TANDEM_JOB_ID for the workers; empty: random hex on one node, "<addr>:<port>:<world>" when
   // nnodes > 1 (every node's launcher derives the same one).
@@ -74,7 +75,8 @@ struct LaunchOptions {
 int launch(const LaunchOptions& options, const std::vector<std::string>& argv);
 
 // A free TCP port on 127.0.0.1 (bind port 0, read it, close). Another process may take it
-// before it is used; the store then fails to bind with an error that names it.
+// before it is used; the store then fails to bind with an error that names it. A launcher
+// that needs a port for certain hosts the store itself (LaunchOptions::standalone).
 int free_port();
 
 // mp.spawn: re-executes this program (/proc/self/exe, the same argv) nprocs times as a

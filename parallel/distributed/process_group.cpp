@@ -658,7 +658,7 @@ DistributedContext init_process_group(const std::string& backend, Device device,
     set_current_device(device);
   }
   TCPStoreOptions so;
-  so.is_master = ctx.env.rank == 0;
+  so.is_master = ctx.env.rank == 0 && !ctx.env.store_hosted;
   so.rank = ctx.env.rank;
   so.timeout = options.timeout;
   so.job_id = ctx.env.job_id;

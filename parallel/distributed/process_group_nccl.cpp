@@ -132,8 +132,16 @@ class ProcessGroupNccl final : public ProcessGroup {
                  device_.str(), ", got ", t.str());
   }
 
-  static ncclRedOp_t nccl_op(ReduceOp op) {
-    return op == ReduceOp::Avg ? ncclAvg : op == ReduceOp::Max ? ncclMax : ncclSum;
+  // Note [one-rank averages]
+  // NCCL before 2.29.7 runs an average over a one-rank communicator with its oneRankReduce
+  // kernel, which splits the elements over its blocks with a floor division and leaves the last
+  // (count mod blocks) elements unwritten: an out-of-place reduce-scatter then hands back whatever
+  // the output held before (a ZeRO-2 rank with one bucket trained on last step's gradient tail).
+  // Over one rank an average is the input itself, as a sum is, and NCCL runs a one-rank sum as a
+  // plain copy; so a one-rank group asks for the sum, whatever NCCL's version.
+  ncclRedOp_t nccl_op(ReduceOp op) const {
+    if (op == ReduceOp::Avg) return size() == 1 ? ncclSum : ncclAvg;
+    return op == ReduceOp::Max ? ncclMax : ncclSum;
   }
 
   WorkPtr do_allreduce(const Call& c) override {

@@ -125,6 +125,7 @@ class TCPStore : public Store {
   std::string address() const;             // "host:port", "[::1]:port"
 
  private:
+  friend class TCPStoreServer;
   struct Server;  // store_server.h
   struct Client;  // store_client.cpp
   std::string host_;
@@ -132,6 +133,24 @@ class TCPStore : public Store {
   TCPStoreOptions options_;
   std::unique_ptr<Server> server_;  // master only
   std::unique_ptr<Client> client_;
+};
+
+// The store's server alone, with no client in this process: what tandem-run --standalone hosts
+// for its workers (Note [the launcher hosts the store] in launch.cpp). It binds host:port (0: a
+// free port, port() says which) before the constructor returns and serves until destroyed.
+// options: job_id, world_size, local_world_size, hello_timeout and max_connections, as for a
+// master TCPStore (is_master and rank are not read).
+class TCPStoreServer {
+ public:
+  TCPStoreServer(const std::string& host, uint16_t port, const TCPStoreOptions& options);
+  ~TCPStoreServer();
+  TCPStoreServer(const TCPStoreServer&) = delete;
+  TCPStoreServer& operator=(const TCPStoreServer&) = delete;
+
+  uint16_t port() const;
+
+ private:
+  std::unique_ptr<TCPStore::Server> server_;
 };
 
 // "tandem/disconnected/<rank>": set by the server when that rank's session drops without a

@@ -355,6 +355,17 @@ TCPStore::~TCPStore() {
   server_.reset();
 }
 
+TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port, const TCPStoreOptions& options) {
+  check_store_address(host, options.world_size, options.local_world_size, "store host '" + host + "'");
+  server_ = std::make_unique<TCPStore::Server>(host, port, options);
+}
+
+TCPStoreServer::~TCPStoreServer() = default;
+
+uint16_t TCPStoreServer::port() const {
+  return server_->port;
+}
+
 std::string TCPStore::address() const {
   return host_port(host_, port_);
 }

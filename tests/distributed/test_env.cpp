@@ -82,6 +82,16 @@ TEST_CASE("env: torchrun's contract", "[dist]") {
                       {"MASTER_PORT", "29600"}});
     REQUIRE(d.job_id == "derived:127.0.0.1:29600:2");
   }
+  SECTION("a store the launcher hosts: rank 0 is one of its clients") {
+    CHECK(!e.store_hosted);
+    Vars v = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "20001"}, {"TANDEM_JOB_ID", "j"},
+              {"TANDEM_STORE_HOSTED", "1"}};
+    DistEnv hosted = read(v);
+    CHECK(hosted.store_hosted);
+    CHECK(hosted.str() == "rank 0 of 2 (local 0 of 2), store 127.0.0.1:20001 (the launcher's), job j, from torchrun");
+    v["TANDEM_STORE_HOSTED"] = "0";
+    CHECK(!read(v).store_hosted);
+  }
   SECTION("TANDEM_JOB_ID comes first") {
     DistEnv d = read({{"RANK", "0"},
                       {"WORLD_SIZE", "1"},
@@ -182,6 +192,8 @@ TEST_CASE("env: every bad value is named with its value", "[dist]") {
   REQUIRE(contains(with("MASTER_PORT", "0"), "MASTER_PORT=0 is not a port (1..65535)"));
   REQUIRE(contains(with("MASTER_PORT", "65536"), "MASTER_PORT=65536 is not a port (1..65535)"));
   REQUIRE(contains(with("MASTER_PORT", "http"), "MASTER_PORT=http is not a port (1..65535)"));
+  REQUIRE(contains(with("TANDEM_STORE_HOSTED", "2"), "TANDEM_STORE_HOSTED=2 is not 0 or 1"));
+  REQUIRE(contains(with("TANDEM_STORE_HOSTED", "yes"), "TANDEM_STORE_HOSTED=yes is not 0 or 1"));
   REQUIRE(read(ok).rank == 1);
   REQUIRE(contains(error_of({{"RANK", "0"}}), "RANK is set but WORLD_SIZE is not"));
   REQUIRE(contains(error_of({{"WORLD_SIZE", "2"}}), "WORLD_SIZE is set but RANK is not"));

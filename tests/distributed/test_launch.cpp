@@ -55,7 +55,7 @@ TEST_CASE("tandem-run: every rank gets the contract, and output lines carry the 
   TempDir dir;
   const std::string script =
       "echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
-      "$TANDEM_JOB_ID $OMP_NUM_THREADS $NCCL_NVLS_ENABLE\"; echo \"err $RANK\" >&2; "
+      "$TANDEM_JOB_ID $OMP_NUM_THREADS $NCCL_NVLS_ENABLE $TANDEM_STORE_HOSTED\"; echo \"err $RANK\" >&2; "
       "echo two; printf \"tail $RANK\"";
   const Finished f =
       finish(start({TANDEM_RUN_PATH, "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
@@ -79,8 +79,9 @@ TEST_CASE("tandem-run: every rank gets the contract, and output lines carry the 
     }
     REQUIRE(word == "env");
     int r, world, local, local_world, port;
-    std::string addr, job, omp, nvls;
-    in >> r >> world >> local >> local_world >> addr >> port >> job >> omp >> nvls;
+    std::string addr, job, omp, nvls, hosted;
+    in >> r >> world >> local >> local_world >> addr >> port >> job >> omp >> nvls >> hosted;
+    CHECK(hosted == "0");  // rank 0 hosts the store of a job with a given port
     CHECK(r == rank);
     CHECK(world == 3);
     CHECK(local == r);
@@ -109,7 +110,7 @@ TEST_CASE("tandem-run: standalone picks a free port and a fresh job id", "[dist]
                                          "2",
                                          "/bin/sh",
                                          "-c",
-                                         "echo $MASTER_ADDR $MASTER_PORT $TANDEM_JOB_ID"};
+                                         "echo $MASTER_ADDR $MASTER_PORT $TANDEM_JOB_ID $TANDEM_STORE_HOSTED"};
   const Finished a = finish(start(args, dir)), b = finish(start(args, dir));
   INFO(a.out << a.err << b.out << b.err);
   CHECK(a.code == 0);
@@ -121,6 +122,8 @@ TEST_CASE("tandem-run: standalone picks a free port and a fresh job id", "[dist]
   CHECK(la[0].substr(9, 10) == "127.0.0.1 ");
   CHECK(la[0].substr(9).find(" 29500 ") == std::string::npos);
   CHECK(la[0].substr(9) != lb[0].substr(9));  // another job: another id (and likely port)
+  // The launcher hosts the store (Note [the launcher hosts the store] in launch.cpp).
+  CHECK(la[0].substr(la[0].size() - 2) == " 1");
 }
 
 TEST_CASE("tandem-run: the second node's ranks follow the first's", "[dist]") {

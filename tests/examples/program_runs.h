@@ -22,7 +22,7 @@ struct ProgramResult {
 // Runs `command` (a program and its arguments, or environment assignments before them) with
 // `args` through the shell, its output into a file of `dir`.
 inline ProgramResult run_program(const std::string& command, const TempDir& dir,
-                                 const std::string& args) {
+                                 const std::string& args = "") {
   const std::string out = dir.file("out.txt");
   const std::string cmd = command + " " + args + " > " + out + " 2>&1";
   const int status = std::system(cmd.c_str());

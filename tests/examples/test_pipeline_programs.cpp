@@ -17,46 +17,16 @@
 
 #include "catch.h"
 #include "data/data_test_util.h"
+#include "examples/program_runs.h"
 #include "examples/tiny_dataset.h"
 
 namespace {
 
 using tandem::test::TempDir;
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result run_program(const std::string& cmd_line, const TempDir& dir) {
-  static int n = 0;
-  const std::string out = dir.file("pipe" + std::to_string(n++) + ".txt");
-  const int status = std::system((cmd_line + " > " + out + " 2>&1").c_str());
-  std::ifstream f(out);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
-}
-
-struct EpochLine {
-  long long epoch;
-  double loss, train_acc, test_acc;
-};
-
-std::vector<EpochLine> epoch_lines(const std::string& out) {
-  std::vector<EpochLine> lines;
-  std::istringstream is(out);
-  for (std::string line; std::getline(is, line);) {
-    const size_t at = line.find("epoch ");
-    EpochLine e;
-    if (at == std::string::npos ||
-        std::sscanf(line.c_str() + at, "epoch %lld loss %lf train acc %lf test acc %lf", &e.epoch, &e.loss,
-                    &e.train_acc, &e.test_acc) != 4)
-      continue;
-    lines.push_back(e);
-  }
-  return lines;
-}
+using Result = tandem::test::ProgramResult;
+using tandem::test::epoch_lines;
+using tandem::test::run_program;
 
 // The same epochs, the loss to 1e-4; the accuracies may differ by one image (64 training and
 // 32 test images), where a logit rounded otherwise tips an argmax.

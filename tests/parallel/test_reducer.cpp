@@ -118,6 +118,62 @@ TEST_CASE("Reducer launches each bucket during backward, in order, and waits at 
   }
 }
 
+TEST_CASE("Reducer: assign_buckets' buckets are slices of one buffer in parameter order; other buckets are not",
+          "[parallel][reducer]") {
+  Fixture f(/*cap_bytes=*/40 * 4);
+  const size_t nb = f.reducer->num_buckets();
+  REQUIRE(nb >= 3);
+  const Tensor& all = f.reducer->flat_gradients();
+  REQUIRE(all.defined());
+  const auto ps = f.net->parameters();
+  int64_t total = 0;
+  for (const Tensor& p : ps) total += p.numel();
+  CHECK(all.numel() == total);
+  // The gradients, in parameter order, are exactly that buffer: what the optimizer's flat step needs.
+  std::vector<Tensor> grads;
+  for (const Tensor& p : ps) grads.push_back(p.grad());
+  const Tensor span = contiguous_span(grads);
+  REQUIRE(span.defined());
+  CHECK(span.raw_data() == all.raw_data());
+  CHECK(span.numel() == total);
+  // Bucket 0 holds the last parameters: the end of the buffer.
+  const Tensor& first = f.reducer->bucket_flat(0);
+  CHECK(first.storage() == all.storage());
+  CHECK(static_cast<const char*>(first.raw_data()) + first.nbytes() ==
+        static_cast<const char*>(all.raw_data()) + all.nbytes());
+  // zero_grad, then the next forward's attach: one buffer of zeros, the views again.
+  f.reducer->prepare_for_backward();
+  f.loss().backward();
+  f.net->zero_grad();
+  f.reducer->prepare_for_backward();
+  for (double v : test::values(all)) CHECK(v == 0.0);
+  for (const Tensor& p : ps) CHECK(p.grad().storage() == all.storage());
+
+  // Buckets that are not runs of consecutive parameters, last first: one allocation each, and
+  // the reduction is the same.
+  Fixture g(1 << 20);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : g.net->named_parameters()) names.push_back(name);
+  g.reducer.reset();
+  g.net->zero_grad();
+  Reducer shuffled(
+      g.net->parameters(), names, {{5, 3, 4}, {2, 1, 0}},
+      [](size_t, const Tensor& flat) -> Reducer::Wait {
+        kernels::axpby_(2.0, flat.clone(), 0.0, flat);
+        return [] {};
+      },
+      {});
+  CHECK(!shuffled.flat_gradients().defined());
+  CHECK(shuffled.bucket_flat(0).storage() != shuffled.bucket_flat(1).storage());
+  shuffled.prepare_for_backward();
+  g.loss().backward();
+  f.net->zero_grad();
+  f.reducer->prepare_for_backward();
+  f.loss().backward();
+  const auto a = f.net->parameters(), b = g.net->parameters();
+  for (size_t k = 0; k < a.size(); ++k) CHECK(test::values(a[k].grad()) == test::values(b[k].grad()));
+}
+
 TEST_CASE("Reducer with overlap off launches everything after backward", "[parallel][reducer]") {
   Reducer::Options o;
   o.overlap = false;
