@@ -56,6 +56,14 @@ DistributedDataParallelOptions several_buckets() {
   return o;
 }
 
+// A batch of 32 random images and labels, on `device`.
+std::pair<Tensor, Tensor> random_batch(Generator& data, Device device) {
+  Tensor x = randn({32, 1, 28, 28}, kFloat32, kCPU, &data).to(device);
+  std::vector<int64_t> labels(32);
+  for (auto& l : labels) l = static_cast<int64_t>(data.next_u64() % 10);
+  return {x, from_vector<int64_t>(labels, {32}, device)};
+}
+
 }  // namespace
 
 TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda][dist]") {
@@ -145,10 +153,7 @@ TEST_CASE("ZeRO-2 over a one-rank NCCL group steps LeNet like the plain optimize
     nn::optim::SGD opt(plain->parameters(), nn::optim::SGDOptions(0.1).momentum(0.9));
     Generator data(5);
     for (int step = 0; step < 4; ++step) {
-      Tensor x = randn({32, 1, 28, 28}, kFloat32, kCPU, &data).to(gpu);
-      std::vector<int64_t> labels(32);
-      for (auto& l : labels) l = static_cast<int64_t>(data.next_u64() % 10);
-      Tensor y = from_vector<int64_t>(labels, {32}, gpu);
+      const auto [x, y] = random_batch(data, gpu);
       opt.zero_grad();
       cross_entropy((*plain)(x), y).backward();
       opt.step();
@@ -206,10 +211,7 @@ TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU para
   nn::optim::SGD opt_plain(plain->parameters(), 0.5, 0.9), opt_ddp(ddp.parameters(), 0.5, 0.9);
   Generator data(9);
   for (int step = 0; step < 5; ++step) {
-    Tensor x = randn({32, 1, 28, 28}, kFloat32, kCPU, &data).to(gpu);
-    std::vector<int64_t> labels(32);
-    for (auto& l : labels) l = static_cast<int64_t>(data.next_u64() % 10);
-    Tensor y = from_vector<int64_t>(labels, {32}, gpu);
+    const auto [x, y] = random_batch(data, gpu);
     opt_plain.zero_grad();
     cross_entropy((*plain)(x), y).backward();
     opt_plain.step();
