@@ -118,7 +118,7 @@ TEST_CASE("Reducer launches each bucket during backward, in order, and waits at 
   }
 }
 
-TEST_CASE("Reducer: assign_buckets' buckets are slices of one buffer in parameter order; other buckets are not",
+TEST_CASE("Reducer: assign_buckets' buckets are slices of one buffer in parameter order, other buckets are not",
           "[parallel][reducer]") {
   Fixture f(/*cap_bytes=*/40 * 4);
   const size_t nb = f.reducer->num_buckets();
