@@ -25,6 +25,18 @@
 using namespace tandem;
 using namespace tandem::parallel::distributed;
 
+// Skips a test on a machine without a GPU, or where tandem was built without NCCL.
+#ifdef TANDEM_WITH_NCCL
+#define REQUIRE_NCCL() TANDEM_REQUIRE_CUDA()
+#else
+#define REQUIRE_NCCL()                          \
+  do {                                          \
+    TANDEM_REQUIRE_CUDA();                      \
+    WARN("tandem built without NCCL: skipped"); \
+    return;                                     \
+  } while (0)
+#endif
+
 namespace {
 
 // A one-rank job in this process: a store on a free port and a group of one.
@@ -67,11 +79,7 @@ std::pair<Tensor, Tensor> random_batch(Generator& data, Device device) {
 }  // namespace
 
 TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda][dist]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   DeviceGuard guard(Device::cuda(0));
   OneRank job("nccl");
   ProcessGroup& pg = *job.group;
@@ -102,11 +110,7 @@ TEST_CASE("NCCL process group of one rank: every collective, on the GPU", "[cuda
 // one-rank out-of-place average unwritten. Outputs start as NaN here, and the sizes are not
 // multiples of the kernel's block count, so an element left unwritten shows.
 TEST_CASE("NCCL process group of one rank: averages write every element, out of place too", "[cuda][dist]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   DeviceGuard guard(Device::cuda(0));
   OneRank job("nccl");
   ProcessGroup& pg = *job.group;
@@ -127,11 +131,7 @@ TEST_CASE("NCCL process group of one rank: averages write every element, out of 
 // one bucket, the NCCL defect above trained on the previous step's gradient tail.
 TEST_CASE("ZeRO-2 over a one-rank NCCL group steps LeNet like the plain optimizer, one bucket or several",
           "[cuda][dist][zero]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   using tandem::parallel::sharded::optimizer_class;
   using tandem::parallel::sharded::ZeroRedundancyOptimizer;
   using tandem::parallel::sharded::ZeroRedundancyOptimizerOptions;
@@ -174,11 +174,7 @@ TEST_CASE("ZeRO-2 over a one-rank NCCL group steps LeNet like the plain optimize
 }
 
 TEST_CASE("NCCL process group: the monitor thread runs under the group's GPU, and subgroups work", "[cuda][dist]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   // The last GPU, so that on a machine with several a monitor left on GPU 0 would show.
   const Device gpu = Device::cuda(cuda_device_count() - 1);
   DeviceGuard guard(gpu);
@@ -196,11 +192,7 @@ TEST_CASE("NCCL process group: the monitor thread runs under the group's GPU, an
 }
 
 TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU parameters", "[cuda][dist][ddp]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   const Device gpu = Device::cuda(0);
   DeviceGuard guard(gpu);
   OneRank job("nccl");
@@ -226,11 +218,7 @@ TEST_CASE("DDP over NCCL with one rank trains LeNet to the plain single-GPU para
 
 TEST_CASE("DDP over NCCL in a CUDA graph: replays equal eager steps, keep the numbers, and stop on a failed group",
           "[cuda][dist][ddp][cuda_graph]") {
-  TANDEM_REQUIRE_CUDA();
-#ifndef TANDEM_WITH_NCCL
-  WARN("tandem built without NCCL: skipped");
-  return;
-#endif
+  REQUIRE_NCCL();
   const Device gpu = Device::cuda(0);
   DeviceGuard guard(gpu);
   OneRank job("nccl");
