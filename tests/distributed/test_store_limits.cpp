@@ -456,7 +456,10 @@ TEST_CASE("store: out of file descriptors, the server neither spins nor stops se
 TEST_CASE("store: a check of many keys is parsed once, however slowly it arrives", "[dist]") {
   // 65536 keys (16 MiB) in one request, sent in 4 KiB pieces: each piece must not make the
   // server start over from the first key. (Wall time hides it: a server that re-parses is
-  // woken less often. Its CPU time does not.)
+  // woken less often. Its CPU time does not.) The bound is loose on purpose: this process
+  // spends about 0.2 s here on an idle machine and 0.45 s on a loaded one (the 4096 sends and
+  // wake-ups, then one pass over the keys), while re-parsing from the first key on each of the
+  // 4096 pieces reads 2^27 keys: about 4 s of CPU at the 30 ns a key takes to read here.
   auto master = std::make_unique<TCPStore>(kHost, 0, TCPStoreOptions{true, 0, 2s, kJob});
   int fd = raw_admitted(master->port());
   std::vector<std::string> keys;
@@ -477,6 +480,6 @@ TEST_CASE("store: a check of many keys is parsed once, however slowly it arrives
   INFO(seconds_since(start) << " s, " << cpu << " s of CPU");
   REQUIRE(reply[0] == store_wire::kReplyBool);
   REQUIRE(reply[1] == 0);
-  REQUIRE(cpu < 0.4);
+  REQUIRE(cpu < 1.5);
   ::close(fd);
 }
