@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/allocator.h"
@@ -18,20 +19,6 @@ namespace {
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 // Note [measured engine choice]: how many acceptable engines benchmark mode times.
 constexpr size_t kMaxTimedEngines = 8;
-
-BackendDesc make_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, MemoryFormat format, int64_t alignment) {
-  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const std::array<int64_t, 4> dims{s[0], s[1], s[2], s[3]};
-  const Strides st = strides_for(s, format);
-  const std::array<int64_t, 4> strides{st[0], st[1], st[2], st[3]};
-  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
-  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dims");
-  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides");
-  t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor id");
-  t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
-  TANDEM_CUDNN_CHECK(t.finalize());
-  return t;
-}
 
 // The attribute names of the three tensors and the descriptor of each pass's operation.
 struct PassAttrs {
@@ -65,21 +52,78 @@ bool has_note(const std::vector<cudnnBackendNumericalNote_t>& notes, cudnnBacken
   return std::find(notes.begin(), notes.end(), n) != notes.end();
 }
 
-std::vector<cudnnBackendNumericalNote_t> numerical_notes(const BackendDesc& cfg) {
+// What cuDNN says of the engine of an engine configuration: its numerical notes, its
+// behaviour notes and its global index (empty and -1 where cuDNN does not say).
+struct EngineInfo {
+  std::vector<cudnnBackendNumericalNote_t> numerical;
+  std::vector<cudnnBackendBehaviorNote_t> behavior;
+  int64_t index = -1;
+};
+
+EngineInfo engine_info(const BackendDesc& cfg) {
+  EngineInfo info;
   BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t e = engine.get();
   int64_t got = 0;
   if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
                                &e) != CUDNN_STATUS_SUCCESS) {
-    return {};
+    return info;
   }
-  std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  info.numerical.resize(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
   if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                               static_cast<int64_t>(notes.size()), &got, notes.data()) != CUDNN_STATUS_SUCCESS) {
-    return {};
+                               static_cast<int64_t>(info.numerical.size()), &got,
+                               info.numerical.data()) != CUDNN_STATUS_SUCCESS) {
+    got = 0;
   }
-  notes.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
-  return notes;
+  info.numerical.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  info.behavior.resize(CUDNN_BEHAVIOR_NOTE_TYPE_COUNT);
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                               static_cast<int64_t>(info.behavior.size()), &got,
+                               info.behavior.data()) != CUDNN_STATUS_SUCCESS) {
+    got = 0;
+  }
+  info.behavior.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  int64_t index = -1;
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) ==
+      CUDNN_STATUS_SUCCESS) {
+    info.index = index;
+  }
+  return info;
+}
+
+// The execution plan of one engine configuration, when it finalizes and needs at most
+// max_workspace bytes.
+std::optional<GraphPlan> plan_of(cudnnHandle_t h, const BackendDesc& cfg, const EngineInfo& info,
+                                 size_t max_workspace) {
+  auto plan = std::make_unique<BackendDesc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "plan handle");
+  plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg, "plan engine");
+  if (plan->finalize() != CUDNN_STATUS_SUCCESS) return std::nullopt;
+  int64_t bytes = 0, got = 0;
+  if (cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+                               &bytes) != CUDNN_STATUS_SUCCESS ||
+      bytes < 0 || static_cast<size_t>(bytes) > max_workspace) {
+    return std::nullopt;
+  }
+  GraphPlan p;
+  p.plan = std::move(plan);
+  p.workspace = static_cast<size_t>(bytes);
+  p.engine = info.index;
+  p.runtime_compiled = std::find(info.behavior.begin(), info.behavior.end(),
+                                 CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) != info.behavior.end();
+  return p;
+}
+
+// The finalized graph of `ops` on h, or nullopt when cuDNN refuses it.
+std::optional<BackendDesc> operation_graph(cudnnHandle_t h, const std::vector<const BackendDesc*>& ops) {
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (const BackendDesc* op : ops) raw.push_back(op->get());
+  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(raw.size()),
+            raw.data(), "graph ops");
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
+  if (graph.finalize() != CUDNN_STATUS_SUCCESS) return std::nullopt;
+  return graph;
 }
 
 // Engine configurations cuDNN's heuristics propose for the graph, best first.
@@ -110,14 +154,7 @@ std::vector<std::unique_ptr<BackendDesc>> engine_configs(const BackendDesc& grap
 
 // Runs `plan` on the three pointers (uids kUidX/W/Y) and a workspace, on h's stream.
 void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y, void* workspace) {
-  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
-  std::array<void*, 3> ptrs{x, w, y};
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids.data(), "variant ids");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs.data(), "variant pointers");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
-  TANDEM_CUDNN_CHECK(pack.finalize());
-  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan.get(), pack.get()));
+  execute_plan(h, plan, {kUidX, kUidW, kUidY}, {x, w, y}, workspace);
 }
 
 // Note [measured engine choice]: the index of the candidate with the least time per run
@@ -152,6 +189,26 @@ size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph:
   return best;
 }
 
+// The operation of one convolution pass, not finalized (ConvGraph::build finalizes it itself:
+// a refusal there means "use the legacy calls", not an error).
+BackendDesc unfinalized_convolution_op(ConvPass pass, const BackendDesc& conv, cudnnDataType_t compute,
+                                       const BackendDesc& x, const BackendDesc& w, const BackendDesc& y) {
+  const PassAttrs a = attrs_of(pass);
+  BackendDesc op(a.op);
+  op.set_desc(a.x, x, "x");
+  op.set_desc(a.w, w, "w");
+  op.set_desc(a.y, y, "y");
+  op.set_desc(a.conv, conv, "convolution");
+  const double one64 = 1, zero64 = 0;
+  const float one32 = 1, zero32 = 0;
+  const bool f64 = compute == CUDNN_DATA_DOUBLE;
+  op.set(a.alpha, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&one64) : &one32,
+         "alpha");
+  op.set(a.beta, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&zero64) : &zero32,
+         "beta");
+  return op;
+}
+
 }  // namespace
 
 BackendDesc::BackendDesc(cudnnBackendDescriptorType_t type) {
@@ -182,17 +239,27 @@ int64_t common_alignment(std::initializer_list<const void*> ptrs) {
   return a;
 }
 
-std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,
-                                            const Shape& xs,
-                                            const Shape& ws, const Shape& ys, const Conv2dParams& p,
-                                            int64_t alignment, bool allow_tf32, bool deterministic,
-                                            size_t max_workspace, const TimedBuffers* timed) {
-  const cudnnDataType_t dt = cudnn_dtype(dtype), compute = cudnn_compute_dtype(dtype);
-  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
-  BackendDesc x = make_tensor(kUidX, dt, xs, format, alignment);
-  BackendDesc w = make_tensor(kUidW, dt, ws, format, alignment);
-  BackendDesc y = make_tensor(kUidY, dt, ys, format, alignment);
+BackendDesc graph_tensor(int64_t uid, cudnnDataType_t dt, const std::array<int64_t, 4>& dims,
+                         const std::array<int64_t, 4>& strides, int64_t alignment, bool is_virtual) {
+  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
+  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dims");
+  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides");
+  t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor id");
+  t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment");
+  if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor virtual");
+  TANDEM_CUDNN_CHECK(t.finalize());
+  return t;
+}
 
+BackendDesc graph_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, MemoryFormat f, int64_t alignment,
+                         bool is_virtual) {
+  TANDEM_CHECK(s.size() == 4, Shape, "cuDNN graph: expected a 4-D shape, got ", shape_str(s));
+  const Strides st = strides_for(s, f);
+  return graph_tensor(uid, dt, {s[0], s[1], s[2], s[3]}, {st[0], st[1], st[2], st[3]}, alignment, is_virtual);
+}
+
+BackendDesc convolution_desc(const Conv2dParams& p, cudnnDataType_t compute) {
   BackendDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const int64_t spatial = 2;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -205,41 +272,106 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
   conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
   TANDEM_CUDNN_CHECK(conv.finalize());
+  return conv;
+}
 
-  const PassAttrs a = attrs_of(pass);
-  BackendDesc op(a.op);
-  op.set_desc(a.x, x, "x");
-  op.set_desc(a.w, w, "w");
-  op.set_desc(a.y, y, "y");
-  op.set_desc(a.conv, conv, "convolution");
-  const double one64 = 1, zero64 = 0;
-  const float one32 = 1, zero32 = 0;
-  const bool f64 = dtype == kFloat64;
-  op.set(a.alpha, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&one64) : &one32,
-         "alpha");
-  op.set(a.beta, f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT, 1, f64 ? static_cast<const void*>(&zero64) : &zero32,
-         "beta");
+BackendDesc convolution_op(ConvPass pass, const BackendDesc& conv, cudnnDataType_t compute,
+                           const BackendDesc& x, const BackendDesc& w, const BackendDesc& y) {
+  BackendDesc op = unfinalized_convolution_op(pass, conv, compute, x, w, y);
+  TANDEM_CUDNN_CHECK(op.finalize());
+  return op;
+}
+
+BackendDesc pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const BackendDesc* b,
+                         const BackendDesc& y) {
+  BackendDesc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+  pw.set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
+  TANDEM_CUDNN_CHECK(pw.finalize());
+  BackendDesc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw, "pointwise descriptor");
+  if (mode == CUDNN_POINTWISE_RELU_BWD) {
+    TANDEM_CHECK(b != nullptr, Value, "cuDNN graph: a ReLU backward needs its output gradient");
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "relu input");
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, *b, "relu dy");
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, y, "relu dx");
+  } else {
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+    if (b != nullptr) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b, "pointwise b");
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+  }
+  TANDEM_CUDNN_CHECK(op.finalize());
+  return op;
+}
+
+BackendDesc genstats_op(const BackendDesc& x, const BackendDesc& sum, const BackendDesc& sqsum) {
+  BackendDesc op(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+  const cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  op.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &mode, "genstats mode");
+  op.set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "genstats precision");
+  op.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, x, "genstats x");
+  op.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum, "genstats sum");
+  op.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum, "genstats sqsum");
+  TANDEM_CUDNN_CHECK(op.finalize());
+  return op;
+}
+
+std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const BackendDesc*>& ops,
+                                   size_t max_workspace, size_t limit) {
+  std::vector<GraphPlan> plans;
+  std::optional<BackendDesc> graph = operation_graph(h, ops);
+  if (!graph) return plans;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    for (const auto& cfg : engine_configs(*graph, mode)) {
+      if (plans.size() >= limit) break;
+      if (auto p = plan_of(h, *cfg, engine_info(*cfg), max_workspace)) plans.push_back(std::move(*p));
+    }
+    if (!plans.empty()) break;
+  }
+  return plans;
+}
+
+void execute_plan(cudnnHandle_t h, const BackendDesc& plan, const std::vector<int64_t>& uids,
+                  const std::vector<void*>& ptrs, void* workspace) {
+  TANDEM_CHECK(uids.size() == ptrs.size(), Value, "cuDNN graph: ", uids.size(), " tensor ids for ", ptrs.size(),
+               " pointers");
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const auto n = static_cast<int64_t>(uids.size());
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant ids");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(), "variant pointers");
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
+  TANDEM_CUDNN_CHECK(pack.finalize());
+  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan.get(), pack.get()));
+}
+
+std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,
+                                            const Shape& xs,
+                                            const Shape& ws, const Shape& ys, const Conv2dParams& p,
+                                            int64_t alignment, bool allow_tf32, bool deterministic,
+                                            size_t max_workspace, const TimedBuffers* timed) {
+  const cudnnDataType_t dt = cudnn_dtype(dtype), compute = cudnn_compute_dtype(dtype);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  BackendDesc x = graph_tensor(kUidX, dt, xs, format, alignment);
+  BackendDesc w = graph_tensor(kUidW, dt, ws, format, alignment);
+  BackendDesc y = graph_tensor(kUidY, dt, ys, format, alignment);
+  BackendDesc conv = convolution_desc(p, compute);
+  BackendDesc op = unfinalized_convolution_op(pass, conv, compute, x, w, y);
   if (op.finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
-
-  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  cudnnBackendDescriptor_t ops = op.get();
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops, "graph ops");
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "graph handle");
-  if (graph.finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
+  std::optional<BackendDesc> graph = operation_graph(h, {&op});
+  if (!graph) return nullptr;
 
   // Acceptable engines in order of preference: mode A's deterministic ones, else its
   // nondeterministic ones; the fallback mode's (in the same order) only when mode A has none.
-  struct Candidate {
-    std::unique_ptr<BackendDesc> plan;
-    size_t workspace;
-  };
-  std::vector<Candidate> found;
+  std::vector<GraphPlan> found;
   const size_t wanted = timed != nullptr ? kMaxTimedEngines : 1;
   for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (int round = 0; round < 2 && found.empty(); ++round) {
-      for (const auto& cfg : engine_configs(graph, mode_h)) {
+      for (const auto& cfg : engine_configs(*graph, mode_h)) {
         if (found.size() >= wanted) break;
-        const auto notes = numerical_notes(*cfg);
+        const EngineInfo info = engine_info(*cfg);
+        const auto& notes = info.numerical;
         // Round 0 takes what `deterministic` allows; round 1 the nondeterministic rest.
         const bool nondeterministic = has_note(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
         if (round == 0 ? deterministic && nondeterministic : !deterministic || !nondeterministic) continue;
@@ -248,17 +380,7 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
              has_note(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))) {
           continue;
         }
-        auto plan = std::make_unique<BackendDesc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h, "plan handle");
-        plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfg, "plan engine");
-        if (plan->finalize() != CUDNN_STATUS_SUCCESS) continue;
-        int64_t bytes = 0, got = 0;
-        if (cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                     &got, &bytes) != CUDNN_STATUS_SUCCESS ||
-            bytes < 0 || static_cast<size_t>(bytes) > max_workspace) {
-          continue;
-        }
-        found.push_back({std::move(plan), static_cast<size_t>(bytes)});
+        if (auto plan = plan_of(h, *cfg, info, max_workspace)) found.push_back(std::move(*plan));
       }
     }
     if (!found.empty()) break;

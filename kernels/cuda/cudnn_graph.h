@@ -30,6 +30,7 @@
 
 #include <array>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
@@ -93,5 +94,54 @@ class ConvGraph {
 // The largest power of two (at most 16) that divides every address: the alignment a plan
 // for these buffers may assume.
 int64_t common_alignment(std::initializer_list<const void*> ptrs);
+
+// ---- the pieces of a graph of several operations ------------------------------------------
+//
+// Note [fused graphs]: a graph of cuDNN's backend API may hold more than one operation -- a
+// convolution with pointwise operations before or after it, or with per-channel statistics of
+// its output (genstats) -- and cuDNN then looks for an engine that runs the graph as one
+// kernel, so that the tensors between the operations (marked virtual) never reach memory.
+// Which graphs have an engine depends on the GPU, the cuDNN version, the dtypes, the layout
+// and the shapes: the only way to know is to build the graph and ask (bench/bench_conv_bn.cpp
+// does, for ResNet-18's layers). These are the pieces ConvGraph is made of, exposed so that
+// such graphs are built the same way.
+
+// A 4-D tensor of a graph, dims in [N, C, H, W] order with the strides of each; a virtual
+// tensor lives only inside the fused kernel and has no pointer in a variant pack.
+BackendDesc graph_tensor(int64_t uid, cudnnDataType_t dt, const std::array<int64_t, 4>& dims,
+                         const std::array<int64_t, 4>& strides, int64_t alignment, bool is_virtual = false);
+// A tensor of shape s in format f (strides_for).
+BackendDesc graph_tensor(int64_t uid, cudnnDataType_t dt, const Shape& s, MemoryFormat f, int64_t alignment,
+                         bool is_virtual = false);
+// A cross-correlation of p's strides and padding (dilation 1) computed in `compute`.
+BackendDesc convolution_desc(const Conv2dParams& p, cudnnDataType_t compute);
+// One pass of a convolution: forward y = conv(x, w), backward data x = dgrad(y, w), backward
+// filter w = wgrad(x, y); alpha 1, beta 0 (float64 when compute is, else float32).
+BackendDesc convolution_op(ConvPass pass, const BackendDesc& conv, cudnnDataType_t compute,
+                           const BackendDesc& x, const BackendDesc& w, const BackendDesc& y);
+// y = mode(x) or y = mode(x, b) (b broadcast along the dims where it has size 1), computed in
+// float32. For CUDNN_POINTWISE_RELU_BWD, x is the ReLU's input, b its output gradient dy and
+// y the input gradient dx.
+BackendDesc pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const BackendDesc* b,
+                         const BackendDesc& y);
+// sum and sqsum [1, C, 1, 1] (float32) = the per-channel sum and sum of squares of x.
+BackendDesc genstats_op(const BackendDesc& x, const BackendDesc& sum, const BackendDesc& sqsum);
+
+// An execution plan of a graph of operations, with the workspace it needs and what cuDNN says
+// of its engine.
+struct GraphPlan {
+  std::unique_ptr<BackendDesc> plan;
+  size_t workspace = 0;
+  int64_t engine = -1;          // the engine's global index
+  bool runtime_compiled = false;  // built by cuDNN at run time (CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)
+};
+// The plans cuDNN's heuristics propose for the graph of `ops` (mode A's, then the fallback
+// mode's when mode A has none) that finalize with at most max_workspace bytes, best first; at
+// most `limit`. Empty when cuDNN has no engine for the graph (or refuses the graph itself).
+std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const BackendDesc*>& ops,
+                                   size_t max_workspace, size_t limit);
+// Runs `plan` on h's stream with the tensors of the given unique ids at the given pointers.
+void execute_plan(cudnnHandle_t h, const BackendDesc& plan, const std::vector<int64_t>& uids,
+                  const std::vector<void*>& ptrs, void* workspace);
 
 }  // namespace tandem::gpu
