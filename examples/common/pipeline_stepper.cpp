@@ -44,22 +44,6 @@ std::shared_ptr<nn::SequentialImpl> build_sequential(const TrainConfig& cfg) {
   return model;
 }
 
-// Evaluation through the stages: forward() runs them one after another.
-class ForwardModule final : public nn::Module {
- public:
-  explicit ForwardModule(std::function<Tensor(const Tensor&)> fn) : fn_(std::move(fn)) {}
-  std::shared_ptr<nn::Module> clone() const override {
-    TANDEM_THROW(Value, "a pipeline's evaluation module cannot be cloned");
-  }
-  std::string name() const override { return "Pipeline"; }
-
- protected:
-  Tensor forward_impl(const Tensor& x) override { return fn_(x); }
-
- private:
-  std::function<Tensor(const Tensor&)> fn_;
-};
-
 // The loss of one micro-batch, counting its right answers into `correct` (on the last stage).
 pp::LossFn counting_loss(const Tensor& correct) {
   return [correct](const Tensor& out, const Tensor& y) {
@@ -78,7 +62,7 @@ class PipelineStepper final : public Stepper {
     correct_ = zeros({1}, kInt64, cfg.devices.back());
     opt_ = make_optimizer(cfg, model_->parameters());
     if (!cfg.trace.empty()) trace_ = std::make_unique<parallel::Trace>(cfg.devices);
-    eval_ = std::make_shared<ForwardModule>([this](const Tensor& x) {
+    eval_ = std::make_shared<FunctionModule>("Pipeline", [this](const Tensor& x) {
       return pipeline(static_cast<int>(cfg_.micro_batches)).forward(x).to(home_);
     });
     eval_->to(home_);
@@ -137,7 +121,7 @@ class PipelineStepper final : public Stepper {
   Tensor correct_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   std::unique_ptr<parallel::Trace> trace_;
-  std::shared_ptr<ForwardModule> eval_;
+  std::shared_ptr<FunctionModule> eval_;
   int64_t steps_ = 0;
 };
 
@@ -157,7 +141,7 @@ class ProcessPipelineStepper final : public Stepper {
                                                      " (rank " + std::to_string(group_->rank()) +
                                                      ") " + device_.str());
     }
-    eval_ = std::make_shared<ForwardModule>([this](const Tensor& x) {
+    eval_ = std::make_shared<FunctionModule>("Pipeline", [this](const Tensor& x) {
       return pipeline(static_cast<int>(cfg_.micro_batches)).forward(x).to(device_);
     });
     eval_->to(device_);
@@ -227,7 +211,7 @@ class ProcessPipelineStepper final : public Stepper {
   Tensor correct_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   std::unique_ptr<parallel::Trace> trace_;
-  std::shared_ptr<ForwardModule> eval_;
+  std::shared_ptr<FunctionModule> eval_;
   int64_t steps_ = 0;
 };
 

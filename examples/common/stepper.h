@@ -3,6 +3,7 @@
 // data-parallel path (parallel::ScratchTrainer) or DataParallel over the devices of this
 // process, or one process of a multi-process job through DistributedDataParallel -- or, with
 // --zero, with its state sharded (zero_stepper.cpp). The driver in train.cpp does not care which.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,24 @@
 #include "nn/serialize_checkpoint.h"
 
 namespace tandem::examples {
+
+// The evaluation model of a stepper that splits the model (pipeline stages, tensor-parallel
+// shards, FSDP units): a module whose forward is fn. `child`, when given, is registered as its
+// module "module", so that eval() and train() reach the layers fn runs. It cannot be cloned.
+class FunctionModule final : public nn::Module {
+ public:
+  FunctionModule(std::string name, std::function<Tensor(const Tensor&)> fn,
+                 std::shared_ptr<nn::Module> child = nullptr);
+  std::shared_ptr<nn::Module> clone() const override;
+  std::string name() const override { return name_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return fn_(x); }
+
+ private:
+  std::string name_;
+  std::function<Tensor(const Tensor&)> fn_;
+};
 
 class Stepper {
  public:

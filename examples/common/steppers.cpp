@@ -40,6 +40,16 @@ std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
                                                                  .capturable(capturable));
 }
 
+FunctionModule::FunctionModule(std::string name, std::function<Tensor(const Tensor&)> fn,
+                               std::shared_ptr<nn::Module> child)
+    : name_(std::move(name)), fn_(std::move(fn)) {
+  if (child) register_module("module", std::move(child));
+}
+
+std::shared_ptr<nn::Module> FunctionModule::clone() const {
+  TANDEM_THROW(Value, "the evaluation module of ", name_, " cannot be cloned");
+}
+
 void Stepper::capture_state(nn::TrainingCheckpoint& ckpt) {
   ckpt.model = model().state_dict();
   ckpt.optimizer = optimizer().state_dict();

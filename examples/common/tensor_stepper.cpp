@@ -27,22 +27,6 @@ namespace tandem::examples {
 
 namespace {
 
-// Evaluation through the split model.
-class TensorParallelForward final : public nn::Module {
- public:
-  explicit TensorParallelForward(std::function<Tensor(const Tensor&)> fn) : fn_(std::move(fn)) {}
-  std::shared_ptr<nn::Module> clone() const override {
-    TANDEM_THROW(Value, "a tensor-parallel evaluation module cannot be cloned");
-  }
-  std::string name() const override { return "TensorParallel"; }
-
- protected:
-  Tensor forward_impl(const Tensor& x) override { return fn_(x); }
-
- private:
-  std::function<Tensor(const Tensor&)> fn_;
-};
-
 class TensorParallelStepper final : public Stepper {
  public:
   explicit TensorParallelStepper(const TrainConfig& cfg) : group_(cfg.group) {
@@ -86,7 +70,7 @@ class TensorParallelStepper final : public Stepper {
     for (const Tensor& p : fc2_->parameters()) params.push_back(p);
     opt_ = make_optimizer(cfg, params);
     eval_ =
-        std::make_shared<TensorParallelForward>([this](const Tensor& x) { return forward(x)[0]; });
+        std::make_shared<FunctionModule>("TensorParallel", [this](const Tensor& x) { return forward(x)[0]; });
     eval_->to(devices_.front());
   }
 
@@ -163,7 +147,7 @@ class TensorParallelStepper final : public Stepper {
   std::unique_ptr<parallel::ColumnParallelLinear> fc1_;
   std::unique_ptr<parallel::RowParallelLinear> fc2_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  std::shared_ptr<TensorParallelForward> eval_;
+  std::shared_ptr<FunctionModule> eval_;
 };
 
 }  // namespace

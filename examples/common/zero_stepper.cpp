@@ -35,26 +35,6 @@ namespace sharded = parallel::sharded;
 // SHARD_GRAD_OP would keep them whole from the forward to the backward.
 constexpr sharded::ShardingStrategy kZero3Strategy = sharded::ShardingStrategy::FULL_SHARD;
 
-// Evaluation through FSDP: each unit is gathered for its forward and released after it (no
-// gradients). The wrapped module is this one's child, so eval() and train() reach its layers.
-class FsdpForward final : public nn::Module {
- public:
-  FsdpForward(sharded::FullyShardedDataParallel& fsdp, std::shared_ptr<nn::Module> module)
-      : fsdp_(fsdp) {
-    register_module("module", std::move(module));
-  }
-  std::shared_ptr<nn::Module> clone() const override {
-    TANDEM_THROW(Value, "an FSDP evaluation module cannot be cloned");
-  }
-  std::string name() const override { return "FullyShardedDataParallel"; }
-
- protected:
-  Tensor forward_impl(const Tensor& x) override { return fsdp_.forward(x); }
-
- private:
-  sharded::FullyShardedDataParallel& fsdp_;
-};
-
 // Note [the memory line]: one line, bytes of one rank after its first step, counted from the
 // tensors it holds (ZeroRedundancyOptimizer::memory(), FullyShardedDataParallel::memory() and the
 // optimizer's state_dict()): "params" the whole parameters (0 under FSDP at rest), "shard" the
@@ -141,7 +121,10 @@ class ZeroStepper final : public RankStepper {
     fsdp_ = std::make_unique<sharded::FullyShardedDataParallel>(
         model_, group_, sharded::FullyShardedDataParallelOptions{kZero3Strategy});
     opt_ = make_optimizer(cfg, fsdp_->parameters());
-    eval_ = std::make_shared<FsdpForward>(*fsdp_, model_);
+    // Evaluation through FSDP: each unit is gathered for its forward and released after it (no
+    // gradients); the model is the evaluation module's child, so eval() and train() reach it.
+    eval_ = std::make_shared<FunctionModule>(
+        "FullyShardedDataParallel", [this](const Tensor& x) { return fsdp_->forward(x); }, model_);
   }
 
   void set_lr(double lr) override {
@@ -265,7 +248,7 @@ class ZeroStepper final : public RankStepper {
   std::unique_ptr<sharded::FullyShardedDataParallel>
       fsdp_;  // stage 3, with opt_ over its flat parameters
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  std::shared_ptr<FsdpForward> eval_;
+  std::shared_ptr<FunctionModule> eval_;
   bool memory_reported_ = false;
 };
 
