@@ -10,6 +10,8 @@
 //   apply        the apply pass alone (tandem's batch norm + ReLU in eval mode)
 //   conv+stats   one cuDNN graph: the convolution, and the per-channel sum and sum of squares
 //                of its output (genstats) in the same kernel
+//   conv+reduce  the same as the convolution and two reductions in its epilogue (sum of y, sum of
+//                y * y): cuDNN's generic fusion, where genstats has no engine
 //   sbr+conv+st  one graph: relu(x * scale + bias) of the input (the previous batch norm's
 //                apply, per channel), the convolution, the statistics
 //   wgrad        tandem's weight gradient of the convolution
@@ -200,8 +202,8 @@ int main(int argc, char** argv) {
     std::printf("cuDNN %zu. ResNet-18's convolutions with a batch norm after them, batch %lld, bfloat16, "
                 "channels-last; median us of %d runs (relative difference from the unfused result)\n",
                 cudnnGetVersion(), static_cast<long long>(batch), runs);
-    std::printf("%-22s %6s %8s %8s %6s %16s %16s %8s %16s\n", "layer (C->K @HW /s)", "count", "conv", "bn+relu",
-                "apply", "conv+stats", "sbr+conv+st", "wgrad", "sbr+wgrad");
+    std::printf("%-22s %6s %8s %8s %6s %16s %16s %16s %8s %16s\n", "layer (C->K @HW /s)", "count", "conv",
+                "bn+relu", "apply", "conv+stats", "conv+reduce", "sbr+conv+st", "wgrad", "sbr+wgrad");
     const auto cl = MemoryFormat::ChannelsLast;
     for (const Layer& L : layers) {
       const Conv2dParams p{L.stride, L.stride, 1, 1};
@@ -235,8 +237,8 @@ int main(int argc, char** argv) {
       const auto bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
       Tensor sum = zeros({L.k}, kFloat32, kGpu), sqsum = zeros({L.k}, kFloat32, kGpu);
       Tensor y_fused = empty(ys, kBFloat16, kGpu, cl);
-      std::optional<double> t_cg, t_scg, t_swg;
-      double e_cg = -1, e_scg = -1, e_swg = -1;
+      std::optional<double> t_cg, t_cr, t_scg, t_swg;
+      double e_cg = -1, e_cr = -1, e_scg = -1, e_swg = -1;
 
       // conv + genstats
       auto cg_plans = plans_for("conv+stats", [&](Keep& keep) {
@@ -260,6 +262,29 @@ int main(int argc, char** argv) {
         sqsum.zero_();
         run_cg(*cg, cg_ws.get());  // one run from zero is what is compared (genstats may accumulate)
         e_cg = std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
+      }
+
+      // conv, then the two sums as reductions of its output (cuDNN's generic epilogue)
+      auto cr_plans = plans_for("conv+reductions", [&](Keep& keep) {
+        const BackendDesc& ty = keep_(keep, graph_tensor(kY, bf, ys, cl, 16));
+        const BackendDesc& sq = keep_(keep, graph_tensor(kV1, f32, ys, cl, 16, true));
+        std::vector<BackendDesc> ops;
+        ops.push_back(convolution_op(ConvPass::Forward, keep_(keep, convolution_desc(p, f32)), f32,
+                                     keep_(keep, graph_tensor(kX, bf, xs, cl, 16)),
+                                     keep_(keep, graph_tensor(kW, bf, ws, cl, 16)), ty));
+        ops.push_back(reduction_sum_op(ty, keep_(keep, channel_tensor(kSum, L.k))));
+        ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, ty, &ty, sq));
+        ops.push_back(reduction_sum_op(sq, keep_(keep, channel_tensor(kSqSum, L.k))));
+        return ops;
+      });
+      std::optional<GraphPlan> cr;
+      DataPtr cr_ws;
+      t_cr = fastest(cr_plans, cr, cr_ws, run_cg);
+      if (cr) {
+        sum.zero_();
+        sqsum.zero_();
+        run_cg(*cr, cr_ws.get());
+        e_cr = std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
       }
 
       // relu(x * scale + bias) -> conv -> genstats
@@ -315,14 +340,14 @@ int main(int argc, char** argv) {
       char name[64];
       std::snprintf(name, sizeof name, "%lld->%lld @%lld /%lld", static_cast<long long>(L.c),
                     static_cast<long long>(L.k), static_cast<long long>(L.hw), static_cast<long long>(L.stride));
-      std::printf("%-22s %6lld %8.1f %8.1f %6.1f %16s %16s %8.1f %16s\n", name, static_cast<long long>(L.count),
-                  t_conv, t_bn, t_apply, cell(t_cg, e_cg).c_str(), cell(t_scg, e_scg).c_str(), t_wgrad,
-                  cell(t_swg, e_swg).c_str());
-      std::printf("    engines: conv+stats %zu, sbr+conv+st %zu, sbr+wgrad %zu\n", cg_plans.size(), scg_plans.size(),
-                  swg_plans.size());
-      for (const auto* plan : {&cg, &scg, &swg}) {
+      std::printf("%-22s %6lld %8.1f %8.1f %6.1f %16s %16s %16s %8.1f %16s\n", name,
+                  static_cast<long long>(L.count), t_conv, t_bn, t_apply, cell(t_cg, e_cg).c_str(),
+                  cell(t_cr, e_cr).c_str(), cell(t_scg, e_scg).c_str(), t_wgrad, cell(t_swg, e_swg).c_str());
+      std::printf("    engines: conv+stats %zu, conv+reduce %zu, sbr+conv+st %zu, sbr+wgrad %zu\n", cg_plans.size(),
+                  cr_plans.size(), scg_plans.size(), swg_plans.size());
+      for (const auto* plan : {&cg, &cr, &scg, &swg}) {
         if (*plan) {
-          std::printf("    %s: engine %lld%s, workspace %zu bytes\n", plan == &cg ? "conv+stats" : plan == &scg ? "sbr+conv+st" : "sbr+wgrad", static_cast<long long>((*plan)->engine),
+          std::printf("    %s: engine %lld%s, workspace %zu bytes\n", plan == &cg ? "conv+stats" : plan == &cr ? "conv+reduce" : plan == &scg ? "sbr+conv+st" : "sbr+wgrad", static_cast<long long>((*plan)->engine),
                       (*plan)->runtime_compiled ? " (compiled at run time)" : "", (*plan)->workspace);
         }
       }

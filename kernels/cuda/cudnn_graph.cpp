@@ -318,6 +318,23 @@ BackendDesc genstats_op(const BackendDesc& x, const BackendDesc& sum, const Back
   return op;
 }
 
+BackendDesc reduction_sum_op(const BackendDesc& x, const BackendDesc& y) {
+  BackendDesc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  const cudnnReduceTensorOp_t add = CUDNN_REDUCE_TENSOR_ADD;
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  const bool deterministic = true;
+  red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &add, "reduction operator");
+  red.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &prec, "reduction precision");
+  red.set(CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, "reduction determinism");
+  TANDEM_CUDNN_CHECK(red.finalize());
+  BackendDesc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+  op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
+  op.set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red, "reduction");
+  TANDEM_CUDNN_CHECK(op.finalize());
+  return op;
+}
+
 std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const BackendDesc*>& ops,
                                    size_t max_workspace, size_t limit) {
   std::vector<GraphPlan> plans;

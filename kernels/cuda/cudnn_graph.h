@@ -127,6 +127,10 @@ BackendDesc pointwise_op(cudnnPointwiseMode_t mode, const BackendDesc& x, const 
 // sum and sqsum [1, C, 1, 1] (float32) = the per-channel sum and sum of squares of x.
 BackendDesc genstats_op(const BackendDesc& x, const BackendDesc& sum, const BackendDesc& sqsum);
 
+// y = the sum of x over the dims where y has size 1, computed in float32 (deterministic: the
+// same bits every run, where cuDNN's engine honours it).
+BackendDesc reduction_sum_op(const BackendDesc& x, const BackendDesc& y);
+
 // An execution plan of a graph of operations, with the workspace it needs and what cuDNN says
 // of its engine.
 struct GraphPlan {
