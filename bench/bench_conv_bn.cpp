@@ -30,6 +30,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+
+#include "bench_args.h"
 #include <vector>
 
 #include "core/allocator.h"
@@ -47,17 +49,9 @@ namespace k = tandem::kernels;
 
 namespace {
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "bench_conv_bn: %s\n", why.c_str());
-  std::exit(2);
-}
-
-long number(const std::string& flag, const char* value) {
-  char* end = nullptr;
-  const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || v < 1) usage(flag + " " + value + " is not a positive integer");
-  return v;
-}
+constexpr const char* kProgram = "bench_conv_bn";
+[[noreturn]] void usage(const std::string& why) { bench::usage(kProgram, why); }
+long number(const std::string& flag, const char* value) { return bench::positive(kProgram, flag, value); }
 
 const Device kGpu = Device::cuda(0);
 int runs = 30;

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "bench_args.h"
+
 #include "autograd/ops.h"
 #include "core/generator.h"
 #include "nn/nn.h"
@@ -26,17 +28,9 @@ namespace pp = tandem::parallel::pipeline;
 
 namespace {
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "bench_pipeline: %s\n", why.c_str());
-  std::exit(2);
-}
-
-long number(const std::string& flag, const char* value) {
-  char* end = nullptr;
-  const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || v < 1) usage(flag + " " + value + " is not a positive integer");
-  return v;
-}
+constexpr const char* kProgram = "bench_pipeline";
+[[noreturn]] void usage(const std::string& why) { bench::usage(kProgram, why); }
+long number(const std::string& flag, const char* value) { return bench::positive(kProgram, flag, value); }
 
 }  // namespace
 
