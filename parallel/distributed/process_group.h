@@ -16,7 +16,7 @@
 // tensors must stay alive and untouched until the work is waited on.
 //
 // Failures end, they never hang (docs/00-design.md, invariant 13; Note [collective failures] in
-// process_group.cpp): every collective has a deadline (options.timeout, default 10 minutes as
+// process_group_monitor.cpp): every collective has a deadline (options.timeout, default 10 minutes as
 // in PyTorch, or TANDEM_DIST_TIMEOUT seconds from the environment). A monitor thread publishes
 // this rank's progress to the store about once a second and watches for ranks that left the
 // store without saying goodbye. A collective that times out or whose peer died fails with

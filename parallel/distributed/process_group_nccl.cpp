@@ -5,7 +5,7 @@
 // a message, not a hang inside NCCL. Every collective runs on the group's own communication
 // stream: an event orders it after the work already queued on the caller's stream, and
 // Work::wait() makes the caller's stream wait for its end — no host synchronization anywhere
-// (STYLE.md, "Multi-GPU"). The monitor thread (process_group.cpp) polls the collectives in
+// (STYLE.md, "Multi-GPU"). The monitor thread (process_group_monitor.cpp) polls the collectives in
 // flight: past its deadline, or when ncclCommGetAsyncError reports an error, the group fails
 // and ncclCommAbort ends the kernels, so nothing waits on them any more.
 #include "parallel/distributed/process_group_backends.h"
