@@ -5,7 +5,7 @@
 // it as a client. It carries what the processes must agree on before any collective can run:
 // the NCCL unique id, Gloo's pair addresses, barriers, each rank's progress (for the error
 // message when one goes silent) and the abort flag. It is PyTorch's TCPStore, with two
-// differences (Note [store admission] in store_server.cpp):
+// differences (Note [store admission] in store_requests.cpp):
 //   - it listens only on the address it is given, not on every interface;
 //   - every client sends the job id in its hello; a client of another job (a stray process, a
 //     second job started on the same port) is refused with a DistError on *its* side, and the

@@ -1,8 +1,8 @@
 #pragma once
 // The TCP store's server (store.h): its state, declared here because TCPStore's constructor and
-// destructor (store_client.cpp) own one. The code, Note [store admission], Note [store limits]
-// and Note [disconnect tracking] are in store_server.cpp. Internal: only the store's own files
-// include it.
+// destructor (store_client.cpp) own one. The connections, Note [store limits] and Note
+// [disconnect tracking] are in store_server.cpp; the requests and Note [store admission] in
+// store_requests.cpp. Internal: only the store's own files include it.
 #include <deque>
 #include <map>
 #include <set>
