@@ -124,21 +124,38 @@ std::vector<GraphPlan> plans_for(const char* what, const MakeOps& make) {
   }
 }
 
-// The fastest of the plans, as tandem's benchmark mode picks a convolution's engine: its
-// median time, and the plan (left in `best`, with its workspace in `ws`). `run` runs a plan.
-std::optional<double> fastest(std::vector<GraphPlan>& plans, std::optional<GraphPlan>& best, DataPtr& ws,
-                              const std::function<void(const GraphPlan&, void*)>& run) {
-  std::optional<double> best_us;
+// One fused graph measured: how many engines cuDNN offered, the fastest of them (as tandem's
+// benchmark mode picks a convolution's engine) with its workspace and median time, and its
+// largest difference from the unfused result.
+struct Fused {
+  const char* name;
+  size_t engines = 0;
+  std::optional<GraphPlan> plan;
+  DataPtr ws;
+  std::optional<double> us;
+  double err = -1;
+};
+using RunPlan = std::function<void(const GraphPlan&, void*)>;
+
+// Times each plan with run(); then, for the fastest, prepare(), one run and err = check().
+Fused measure(const char* name, std::vector<GraphPlan> plans, const RunPlan& run,
+              const std::function<void()>& prepare, const std::function<double()>& check) {
+  Fused f{name, plans.size(), std::nullopt, DataPtr(), std::nullopt, -1};
   for (auto& plan : plans) {
     DataPtr mem = allocate(kGpu, plan.workspace);
     const double us = median_us([&] { run(plan, mem.get()); });
-    if (!best_us || us < *best_us) {
-      best_us = us;
-      best = std::move(plan);
-      ws = std::move(mem);
+    if (!f.us || us < *f.us) {
+      f.us = us;
+      f.plan = std::move(plan);
+      f.ws = std::move(mem);
     }
   }
-  return best_us;
+  if (f.plan) {
+    prepare();
+    run(*f.plan, f.ws.get());
+    f.err = check();
+  }
+  return f;
 }
 
 // relu(x * scale + bias) of a graph's input x (uid kX, shape xs), per channel, into a virtual
@@ -231,8 +248,6 @@ int main(int argc, char** argv) {
       const auto bf = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
       Tensor sum = zeros({L.k}, kFloat32, kGpu), sqsum = zeros({L.k}, kFloat32, kGpu);
       Tensor y_fused = empty(ys, kBFloat16, kGpu, cl);
-      std::optional<double> t_cg, t_cr, t_scg, t_swg;
-      double e_cg = -1, e_cr = -1, e_scg = -1, e_swg = -1;
 
       // conv + genstats
       auto cg_plans = plans_for("conv+stats", [&](Keep& keep) {
@@ -248,15 +263,14 @@ int main(int argc, char** argv) {
         execute_plan(h, *g.plan, {kX, kW, kY, kSum, kSqSum},
                      {x.raw_data(), w.raw_data(), y_fused.raw_data(), sum.raw_data(), sqsum.raw_data()}, mem);
       };
-      std::optional<GraphPlan> cg;
-      DataPtr cg_ws;
-      t_cg = fastest(cg_plans, cg, cg_ws, run_cg);
-      if (cg) {
+      const auto zero_sums = [&] {  // genstats may accumulate: the run compared starts from zero
         sum.zero_();
         sqsum.zero_();
-        run_cg(*cg, cg_ws.get());  // one run from zero is what is compared (genstats may accumulate)
-        e_cg = std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
-      }
+      };
+      const auto stats_error = [&] {
+        return std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
+      };
+      Fused cg = measure("conv+stats", std::move(cg_plans), run_cg, zero_sums, stats_error);
 
       // conv, then the two sums as reductions of its output (cuDNN's generic epilogue)
       auto cr_plans = plans_for("conv+reductions", [&](Keep& keep) {
@@ -271,15 +285,7 @@ int main(int argc, char** argv) {
         ops.push_back(reduction_sum_op(sq, keep_(keep, channel_tensor(kSqSum, L.k))));
         return ops;
       });
-      std::optional<GraphPlan> cr;
-      DataPtr cr_ws;
-      t_cr = fastest(cr_plans, cr, cr_ws, run_cg);
-      if (cr) {
-        sum.zero_();
-        sqsum.zero_();
-        run_cg(*cr, cr_ws.get());
-        e_cr = std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
-      }
+      Fused cr = measure("conv+reduce", std::move(cr_plans), run_cg, zero_sums, stats_error);
 
       // relu(x * scale + bias) -> conv -> genstats
       auto scg_plans = plans_either("sbr+conv+stats", [&](cudnnDataType_t vdt) -> MakeOps {
@@ -299,13 +305,8 @@ int main(int argc, char** argv) {
                       sum.raw_data(), sqsum.raw_data()},
                      mem);
       };
-      std::optional<GraphPlan> scg;
-      DataPtr scg_ws;
-      t_scg = fastest(scg_plans, scg, scg_ws, run_scg);
-      if (scg) {
-        run_scg(*scg, scg_ws.get());
-        e_scg = relative_error(y_fused, ref_z_y);
-      }
+      Fused scg = measure("sbr+conv+st", std::move(scg_plans), run_scg, [] {},
+                          [&] { return relative_error(y_fused, ref_z_y); });
 
       // relu(x * scale + bias) -> wgrad
       Tensor dw = empty(ws, kBFloat16, kGpu, cl);
@@ -323,27 +324,22 @@ int main(int argc, char** argv) {
         execute_plan(h, *g.plan, {kX, kDw, kDy, kScale, kBias},
                      {x.raw_data(), dw.raw_data(), dy.raw_data(), scale_c.raw_data(), bias_c.raw_data()}, mem);
       };
-      std::optional<GraphPlan> swg;
-      DataPtr swg_ws;
-      t_swg = fastest(swg_plans, swg, swg_ws, run_swg);
-      if (swg) {
-        run_swg(*swg, swg_ws.get());
-        e_swg = relative_error(dw, ref_z_dw);
-      }
+      Fused swg = measure("sbr+wgrad", std::move(swg_plans), run_swg, [] {},
+                          [&] { return relative_error(dw, ref_z_dw); });
 
       char name[64];
       std::snprintf(name, sizeof name, "%lld->%lld @%lld /%lld", static_cast<long long>(L.c),
                     static_cast<long long>(L.k), static_cast<long long>(L.hw), static_cast<long long>(L.stride));
       std::printf("%-22s %6lld %8.1f %8.1f %6.1f %16s %16s %16s %8.1f %16s\n", name,
-                  static_cast<long long>(L.count), t_conv, t_bn, t_apply, cell(t_cg, e_cg).c_str(),
-                  cell(t_cr, e_cr).c_str(), cell(t_scg, e_scg).c_str(), t_wgrad, cell(t_swg, e_swg).c_str());
-      std::printf("    engines: conv+stats %zu, conv+reduce %zu, sbr+conv+st %zu, sbr+wgrad %zu\n", cg_plans.size(),
-                  cr_plans.size(), scg_plans.size(), swg_plans.size());
-      for (const auto* plan : {&cg, &cr, &scg, &swg}) {
-        if (*plan) {
-          std::printf("    %s: engine %lld%s, workspace %zu bytes\n", plan == &cg ? "conv+stats" : plan == &cr ? "conv+reduce" : plan == &scg ? "sbr+conv+st" : "sbr+wgrad", static_cast<long long>((*plan)->engine),
-                      (*plan)->runtime_compiled ? " (compiled at run time)" : "", (*plan)->workspace);
+                  static_cast<long long>(L.count), t_conv, t_bn, t_apply, cell(cg.us, cg.err).c_str(),
+                  cell(cr.us, cr.err).c_str(), cell(scg.us, scg.err).c_str(), t_wgrad, cell(swg.us, swg.err).c_str());
+      for (const Fused* f : {&cg, &cr, &scg, &swg}) {
+        std::printf("    %s: %zu engines", f->name, f->engines);
+        if (f->plan) {
+          std::printf(", the fastest %lld%s, workspace %zu bytes", static_cast<long long>(f->plan->engine),
+                      f->plan->runtime_compiled ? " (compiled at run time)" : "", f->plan->workspace);
         }
+        std::printf("\n");
       }
       std::fflush(stdout);
     }
