@@ -16,7 +16,8 @@ namespace tandem::bench {
 inline long positive(const char* program, const std::string& flag, const char* value) {
   char* end = nullptr;
   const long v = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || v < 1) usage(program, flag + " " + value + " is not a positive integer");
+  if (end == value || *end != '\0' || v < 1)
+    usage(program, flag + " " + value + " is not a positive integer");
   return v;
 }
 

@@ -23,6 +23,7 @@
 //
 // Exit 2 on bad arguments, 1 on a failure (a CUDA or cuDNN error, no GPU).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,10 +31,9 @@
 #include <functional>
 #include <optional>
 #include <string>
-
-#include "bench_args.h"
 #include <vector>
 
+#include "bench_args.h"
 #include "core/allocator.h"
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
@@ -50,8 +50,12 @@ namespace k = tandem::kernels;
 namespace {
 
 constexpr const char* kProgram = "bench_conv_bn";
-[[noreturn]] void usage(const std::string& why) { bench::usage(kProgram, why); }
-long number(const std::string& flag, const char* value) { return bench::positive(kProgram, flag, value); }
+[[noreturn]] void usage(const std::string& why) {
+  bench::usage(kProgram, why);
+}
+long number(const std::string& flag, const char* value) {
+  return bench::positive(kProgram, flag, value);
+}
 
 const Device kGpu = Device::cuda(0);
 int runs = 30;
@@ -160,35 +164,42 @@ Fused measure(const char* name, std::vector<GraphPlan> plans, const RunPlan& run
 
 // relu(x * scale + bias) of a graph's input x (uid kX, shape xs), per channel, into a virtual
 // tensor of type vdt: the three pointwise operations are appended to ops; returns the output.
-const BackendDesc& scale_bias_relu(Keep& keep, std::vector<BackendDesc>& ops, const Shape& xs, cudnnDataType_t vdt) {
+const BackendDesc& scale_bias_relu(Keep& keep, std::vector<BackendDesc>& ops, const Shape& xs,
+                                   cudnnDataType_t vdt) {
   const auto cl = MemoryFormat::ChannelsLast;
   const BackendDesc& v1 = keep_(keep, graph_tensor(kV1, CUDNN_DATA_FLOAT, xs, cl, 16, true));
   const BackendDesc& v2 = keep_(keep, graph_tensor(kV2, CUDNN_DATA_FLOAT, xs, cl, 16, true));
   const BackendDesc& v3 = keep_(keep, graph_tensor(kV3, vdt, xs, cl, 16, true));
-  ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL, keep_(keep, graph_tensor(kX, CUDNN_DATA_BFLOAT16, xs, cl, 16)),
+  ops.push_back(pointwise_op(CUDNN_POINTWISE_MUL,
+                             keep_(keep, graph_tensor(kX, CUDNN_DATA_BFLOAT16, xs, cl, 16)),
                              &keep_(keep, channel_tensor(kScale, xs[1])), v1));
-  ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, v1, &keep_(keep, channel_tensor(kBias, xs[1])), v2));
+  ops.push_back(
+      pointwise_op(CUDNN_POINTWISE_ADD, v1, &keep_(keep, channel_tensor(kBias, xs[1])), v2));
   ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_FWD, v2, nullptr, v3));
   return v3;
 }
 
 // The plans of the graph make(vdt) makes, with the prologue's output in float32, else (when
 // cuDNN has no engine for that) in bfloat16.
-std::vector<GraphPlan> plans_either(const char* what, const std::function<MakeOps(cudnnDataType_t)>& make) {
+std::vector<GraphPlan> plans_either(const char* what,
+                                    const std::function<MakeOps(cudnnDataType_t)>& make) {
   auto plans = plans_for(what, make(CUDNN_DATA_FLOAT));
   if (plans.empty()) plans = plans_for(what, make(CUDNN_DATA_BFLOAT16));
   return plans;
 }
 
 struct Layer {
-  int64_t c, k, hw, stride, count;  // in and out channels, input size, stride, how many in ResNet-18
+  int64_t c, k, hw, stride,
+      count;  // in and out channels, input size, stride, how many in ResNet-18
 };
 
 std::string cell(const std::optional<double>& us, double err = -1) {
   char buf[64];
   if (!us) return "-";
-  if (err < 0) std::snprintf(buf, sizeof buf, "%.1f", *us);
-  else std::snprintf(buf, sizeof buf, "%.1f (%.0e)", *us, err);
+  if (err < 0)
+    std::snprintf(buf, sizeof buf, "%.1f", *us);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f (%.0e)", *us, err);
   return buf;
 }
 
@@ -200,47 +211,61 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage(a + " needs a value");
     const char* v = argv[++i];
-    if (a == "--batch") batch = number(a, v);
-    else if (a == "--runs") runs = int(number(a, v));
-    else usage("unknown argument " + a);
+    if (a == "--batch")
+      batch = number(a, v);
+    else if (a == "--runs")
+      runs = int(number(a, v));
+    else
+      usage("unknown argument " + a);
   }
   try {
     TANDEM_CHECK(cuda_device_count() > 0, Device, "bench_conv_bn needs a GPU");
     DeviceGuard guard(kGpu);
     const std::vector<Layer> layers{{64, 64, 28, 1, 4},   {64, 128, 28, 2, 1}, {128, 128, 14, 1, 3},
-                                    {128, 256, 14, 2, 1}, {256, 256, 7, 1, 3},  {256, 512, 7, 2, 1},
+                                    {128, 256, 14, 2, 1}, {256, 256, 7, 1, 3}, {256, 512, 7, 2, 1},
                                     {512, 512, 4, 1, 3}};
-    std::printf("cuDNN %zu. ResNet-18's convolutions with a batch norm after them, batch %lld, bfloat16, "
-                "channels-last; median us of %d runs (relative difference from the unfused result)\n",
-                cudnnGetVersion(), static_cast<long long>(batch), runs);
-    std::printf("%-22s %6s %8s %8s %6s %16s %16s %16s %8s %16s\n", "layer (C->K @HW /s)", "count", "conv",
-                "bn+relu", "apply", "conv+stats", "conv+reduce", "sbr+conv+st", "wgrad", "sbr+wgrad");
+    std::printf(
+        "cuDNN %zu. ResNet-18's convolutions with a batch norm after them, batch %lld, bfloat16, "
+        "channels-last; median us of %d runs (relative difference from the unfused result)\n",
+        cudnnGetVersion(), static_cast<long long>(batch), runs);
+    std::printf("%-22s %6s %8s %8s %6s %16s %16s %16s %8s %16s\n", "layer (C->K @HW /s)", "count",
+                "conv", "bn+relu", "apply", "conv+stats", "conv+reduce", "sbr+conv+st", "wgrad",
+                "sbr+wgrad");
     const auto cl = MemoryFormat::ChannelsLast;
     for (const Layer& L : layers) {
       const Conv2dParams p{L.stride, L.stride, 1, 1};
       const int64_t out = (L.hw + 2 - 3) / L.stride + 1;
       const Shape xs{batch, L.c, L.hw, L.hw}, ws{L.k, L.c, 3, 3}, ys{batch, L.k, out, out};
       Tensor x = randn(xs, kFloat32, kGpu).to(kBFloat16).contiguous(cl);
-      Tensor w = restrided(k::scalar(ScalarOp::Mul, randn(ws, kFloat32, kGpu), 1.0 / std::sqrt(9.0 * double(L.c))).to(kBFloat16), cl);
-      Tensor scale_c = uniform({L.c}, 0.5, 1.5, kFloat32, kGpu), bias_c = uniform({L.c}, -0.5, 0.5, kFloat32, kGpu);
+      Tensor w = restrided(
+          k::scalar(ScalarOp::Mul, randn(ws, kFloat32, kGpu), 1.0 / std::sqrt(9.0 * double(L.c)))
+              .to(kBFloat16),
+          cl);
+      Tensor scale_c = uniform({L.c}, 0.5, 1.5, kFloat32, kGpu),
+             bias_c = uniform({L.c}, -0.5, 0.5, kFloat32, kGpu);
       Tensor gamma = ones({L.k}, kFloat32, kGpu), beta = zeros({L.k}, kFloat32, kGpu);
       Tensor rm = zeros({L.k}, kFloat32, kGpu), rv = ones({L.k}, kFloat32, kGpu);
 
       // Unfused, as tandem runs it today.
       Tensor y = k::conv2d(x, w, Tensor(), p);
       const double t_conv = median_us([&] { k::conv2d(x, w, Tensor(), p); });
-      const double t_bn = median_us([&] { k::batch_norm_train(y, gamma, beta, rm, rv, 0.1, 1e-5, true); });
-      const double t_apply = median_us([&] { k::batch_norm_eval(y, gamma, beta, rm, rv, 1e-5, true); });
+      const double t_bn =
+          median_us([&] { k::batch_norm_train(y, gamma, beta, rm, rv, 0.1, 1e-5, true); });
+      const double t_apply =
+          median_us([&] { k::batch_norm_eval(y, gamma, beta, rm, rv, 1e-5, true); });
       Tensor dy = randn(ys, kFloat32, kGpu).to(kBFloat16).contiguous(cl);
       const double t_wgrad = median_us([&] { k::conv2d_backward_weight(x, dy, p, ws, false); });
       // The references: the statistics of y in float32, and the relu(x * scale + bias) input.
       const Tensor y32 = y.to(kFloat32);
-      const Tensor ref_sum = k::sum(y32, {0, 2, 3}), ref_sqsum = k::sum(k::binary(BinaryOp::Mul, y32, y32), {0, 2, 3});
-      const Tensor z = k::unary(UnaryOp::Relu,
-                                k::binary(BinaryOp::Add, k::binary(BinaryOp::Mul, x.to(kFloat32), scale_c.view({1, L.c, 1, 1})),
-                                          bias_c.view({1, L.c, 1, 1})))
-                           .to(kBFloat16)
-                           .contiguous(cl);
+      const Tensor ref_sum = k::sum(y32, {0, 2, 3}),
+                   ref_sqsum = k::sum(k::binary(BinaryOp::Mul, y32, y32), {0, 2, 3});
+      const Tensor z =
+          k::unary(UnaryOp::Relu,
+                   k::binary(BinaryOp::Add,
+                             k::binary(BinaryOp::Mul, x.to(kFloat32), scale_c.view({1, L.c, 1, 1})),
+                             bias_c.view({1, L.c, 1, 1})))
+              .to(kBFloat16)
+              .contiguous(cl);
       const Tensor ref_z_y = k::conv2d(z, w, Tensor(), p);
       const Tensor ref_z_dw = k::conv2d_backward_weight(z, dy, p, ws, false).first;
 
@@ -254,21 +279,26 @@ int main(int argc, char** argv) {
         const BackendDesc& ty = keep_(keep, graph_tensor(kY, bf, ys, cl, 16));
         const BackendDesc& conv = keep_(keep, convolution_desc(p, f32));
         std::vector<BackendDesc> ops;
-        ops.push_back(convolution_op(ConvPass::Forward, conv, f32, keep_(keep, graph_tensor(kX, bf, xs, cl, 16)),
+        ops.push_back(convolution_op(ConvPass::Forward, conv, f32,
+                                     keep_(keep, graph_tensor(kX, bf, xs, cl, 16)),
                                      keep_(keep, graph_tensor(kW, bf, ws, cl, 16)), ty));
-        ops.push_back(genstats_op(ty, keep_(keep, channel_tensor(kSum, L.k)), keep_(keep, channel_tensor(kSqSum, L.k))));
+        ops.push_back(genstats_op(ty, keep_(keep, channel_tensor(kSum, L.k)),
+                                  keep_(keep, channel_tensor(kSqSum, L.k))));
         return ops;
       });
       auto run_cg = [&](const GraphPlan& g, void* mem) {
-        execute_plan(h, *g.plan, {kX, kW, kY, kSum, kSqSum},
-                     {x.raw_data(), w.raw_data(), y_fused.raw_data(), sum.raw_data(), sqsum.raw_data()}, mem);
+        execute_plan(h, *g.plan, std::array<int64_t, 5>{kX, kW, kY, kSum, kSqSum},
+                     std::array<void*, 5>{x.raw_data(), w.raw_data(), y_fused.raw_data(),
+                                          sum.raw_data(), sqsum.raw_data()},
+                     mem);
       };
       const auto zero_sums = [&] {  // genstats may accumulate: the run compared starts from zero
         sum.zero_();
         sqsum.zero_();
       };
       const auto stats_error = [&] {
-        return std::max({relative_error(y_fused, y), relative_error(sum, ref_sum), relative_error(sqsum, ref_sqsum)});
+        return std::max({relative_error(y_fused, y), relative_error(sum, ref_sum),
+                         relative_error(sqsum, ref_sqsum)});
       };
       Fused cg = measure("conv+stats", std::move(cg_plans), run_cg, zero_sums, stats_error);
 
@@ -293,20 +323,23 @@ int main(int argc, char** argv) {
           std::vector<BackendDesc> ops;
           const BackendDesc& z = scale_bias_relu(keep, ops, xs, vdt);
           const BackendDesc& ty = keep_(keep, graph_tensor(kY, bf, ys, cl, 16));
-          ops.push_back(convolution_op(ConvPass::Forward, keep_(keep, convolution_desc(p, f32)), f32, z,
-                                       keep_(keep, graph_tensor(kW, bf, ws, cl, 16)), ty));
-          ops.push_back(genstats_op(ty, keep_(keep, channel_tensor(kSum, L.k)), keep_(keep, channel_tensor(kSqSum, L.k))));
+          ops.push_back(convolution_op(ConvPass::Forward, keep_(keep, convolution_desc(p, f32)),
+                                       f32, z, keep_(keep, graph_tensor(kW, bf, ws, cl, 16)), ty));
+          ops.push_back(genstats_op(ty, keep_(keep, channel_tensor(kSum, L.k)),
+                                    keep_(keep, channel_tensor(kSqSum, L.k))));
           return ops;
         };
       });
       auto run_scg = [&](const GraphPlan& g, void* mem) {
-        execute_plan(h, *g.plan, {kX, kW, kY, kScale, kBias, kSum, kSqSum},
-                     {x.raw_data(), w.raw_data(), y_fused.raw_data(), scale_c.raw_data(), bias_c.raw_data(),
-                      sum.raw_data(), sqsum.raw_data()},
-                     mem);
+        execute_plan(
+            h, *g.plan, std::array<int64_t, 7>{kX, kW, kY, kScale, kBias, kSum, kSqSum},
+            std::array<void*, 7>{x.raw_data(), w.raw_data(), y_fused.raw_data(), scale_c.raw_data(),
+                                 bias_c.raw_data(), sum.raw_data(), sqsum.raw_data()},
+            mem);
       };
-      Fused scg = measure("sbr+conv+st", std::move(scg_plans), run_scg, [] {},
-                          [&] { return relative_error(y_fused, ref_z_y); });
+      Fused scg = measure(
+          "sbr+conv+st", std::move(scg_plans), run_scg, [] {},
+          [&] { return relative_error(y_fused, ref_z_y); });
 
       // relu(x * scale + bias) -> wgrad
       Tensor dw = empty(ws, kBFloat16, kGpu, cl);
@@ -314,30 +347,37 @@ int main(int argc, char** argv) {
         return [&, vdt](Keep& keep) {
           std::vector<BackendDesc> ops;
           const BackendDesc& z = scale_bias_relu(keep, ops, xs, vdt);
-          ops.push_back(convolution_op(ConvPass::BackwardFilter, keep_(keep, convolution_desc(p, f32)), f32, z,
+          ops.push_back(convolution_op(ConvPass::BackwardFilter,
+                                       keep_(keep, convolution_desc(p, f32)), f32, z,
                                        keep_(keep, graph_tensor(kDw, bf, ws, cl, 16)),
                                        keep_(keep, graph_tensor(kDy, bf, ys, cl, 16))));
           return ops;
         };
       });
       auto run_swg = [&](const GraphPlan& g, void* mem) {
-        execute_plan(h, *g.plan, {kX, kDw, kDy, kScale, kBias},
-                     {x.raw_data(), dw.raw_data(), dy.raw_data(), scale_c.raw_data(), bias_c.raw_data()}, mem);
+        execute_plan(h, *g.plan, std::array<int64_t, 5>{kX, kDw, kDy, kScale, kBias},
+                     std::array<void*, 5>{x.raw_data(), dw.raw_data(), dy.raw_data(),
+                                          scale_c.raw_data(), bias_c.raw_data()},
+                     mem);
       };
-      Fused swg = measure("sbr+wgrad", std::move(swg_plans), run_swg, [] {},
-                          [&] { return relative_error(dw, ref_z_dw); });
+      Fused swg = measure(
+          "sbr+wgrad", std::move(swg_plans), run_swg, [] {},
+          [&] { return relative_error(dw, ref_z_dw); });
 
       char name[64];
       std::snprintf(name, sizeof name, "%lld->%lld @%lld /%lld", static_cast<long long>(L.c),
-                    static_cast<long long>(L.k), static_cast<long long>(L.hw), static_cast<long long>(L.stride));
+                    static_cast<long long>(L.k), static_cast<long long>(L.hw),
+                    static_cast<long long>(L.stride));
       std::printf("%-22s %6lld %8.1f %8.1f %6.1f %16s %16s %16s %8.1f %16s\n", name,
-                  static_cast<long long>(L.count), t_conv, t_bn, t_apply, cell(cg.us, cg.err).c_str(),
-                  cell(cr.us, cr.err).c_str(), cell(scg.us, scg.err).c_str(), t_wgrad, cell(swg.us, swg.err).c_str());
+                  static_cast<long long>(L.count), t_conv, t_bn, t_apply,
+                  cell(cg.us, cg.err).c_str(), cell(cr.us, cr.err).c_str(),
+                  cell(scg.us, scg.err).c_str(), t_wgrad, cell(swg.us, swg.err).c_str());
       for (const Fused* f : {&cg, &cr, &scg, &swg}) {
         std::printf("    %s: %zu engines", f->name, f->engines);
         if (f->plan) {
-          std::printf(", the fastest %lld%s, workspace %zu bytes", static_cast<long long>(f->plan->engine),
-                      f->plan->runtime_compiled ? " (compiled at run time)" : "", f->plan->workspace);
+          std::printf(
+              ", the fastest %lld%s, workspace %zu bytes", static_cast<long long>(f->plan->engine),
+              f->plan->runtime_compiled ? " (compiled at run time)" : "", f->plan->workspace);
         }
         std::printf("\n");
       }

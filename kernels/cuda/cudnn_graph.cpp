@@ -60,6 +60,18 @@ struct EngineInfo {
   int64_t index = -1;
 };
 
+// The notes of type T an engine has (its numerical or behaviour notes); empty where cuDNN does
+// not say.
+template <typename T>
+std::vector<T> engine_notes(cudnnBackendDescriptor_t e, cudnnBackendAttributeName_t name,
+                            cudnnBackendAttributeType_t type, int64_t max_count) {
+  std::vector<T> notes(static_cast<size_t>(max_count));
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(e, name, type, max_count, &got, notes.data()) != CUDNN_STATUS_SUCCESS) got = 0;
+  notes.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, max_count)));
+  return notes;
+}
+
 EngineInfo engine_info(const BackendDesc& cfg) {
   EngineInfo info;
   BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
@@ -69,20 +81,10 @@ EngineInfo engine_info(const BackendDesc& cfg) {
                                &e) != CUDNN_STATUS_SUCCESS) {
     return info;
   }
-  info.numerical.resize(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
-  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                               static_cast<int64_t>(info.numerical.size()), &got,
-                               info.numerical.data()) != CUDNN_STATUS_SUCCESS) {
-    got = 0;
-  }
-  info.numerical.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
-  info.behavior.resize(CUDNN_BEHAVIOR_NOTE_TYPE_COUNT);
-  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
-                               static_cast<int64_t>(info.behavior.size()), &got,
-                               info.behavior.data()) != CUDNN_STATUS_SUCCESS) {
-    got = 0;
-  }
-  info.behavior.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  info.numerical = engine_notes<cudnnBackendNumericalNote_t>(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                                             CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  info.behavior = engine_notes<cudnnBackendBehaviorNote_t>(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+                                                           CUDNN_TYPE_BEHAVIOR_NOTE, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT);
   int64_t index = -1;
   if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) ==
       CUDNN_STATUS_SUCCESS) {
@@ -154,7 +156,9 @@ std::vector<std::unique_ptr<BackendDesc>> engine_configs(const BackendDesc& grap
 
 // Runs `plan` on the three pointers (uids kUidX/W/Y) and a workspace, on h's stream.
 void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y, void* workspace) {
-  execute_plan(h, plan, {kUidX, kUidW, kUidY}, {x, w, y}, workspace);
+  const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
+  const std::array<void*, 3> ptrs{x, w, y};
+  execute_plan(h, plan, uids, ptrs, workspace);
 }
 
 // Note [measured engine choice]: the index of the candidate with the least time per run
@@ -350,8 +354,8 @@ std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const Back
   return plans;
 }
 
-void execute_plan(cudnnHandle_t h, const BackendDesc& plan, const std::vector<int64_t>& uids,
-                  const std::vector<void*>& ptrs, void* workspace) {
+void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int64_t> uids,
+                  std::span<void* const> ptrs, void* workspace) {
   TANDEM_CHECK(uids.size() == ptrs.size(), Value, "cuDNN graph: ", uids.size(), " tensor ids for ", ptrs.size(),
                " pointers");
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);

@@ -30,6 +30,7 @@
 
 #include <array>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -144,8 +145,9 @@ struct GraphPlan {
 // most `limit`. Empty when cuDNN has no engine for the graph (or refuses the graph itself).
 std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const BackendDesc*>& ops,
                                    size_t max_workspace, size_t limit);
-// Runs `plan` on h's stream with the tensors of the given unique ids at the given pointers.
-void execute_plan(cudnnHandle_t h, const BackendDesc& plan, const std::vector<int64_t>& uids,
-                  const std::vector<void*>& ptrs, void* workspace);
+// Runs `plan` on h's stream with the tensors of the given unique ids at the given pointers (no
+// allocation: a convolution runs through here on every call).
+void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int64_t> uids,
+                  std::span<void* const> ptrs, void* workspace);
 
 }  // namespace tandem::gpu
