@@ -103,6 +103,11 @@ Tensor to(const Tensor& x, DType dtype);
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D
 // y = x @ w^T + b, x [N, in], w [out, in], b [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+// act(linear(x, w, b)) as one op (Note [linear + activation] in kernels/backend.h): the values
+// and gradients of linear followed by relu or sigmoid, without the activation's own passes.
+// What a Sequential runs for a Linear followed by a ReLU or a Sigmoid when
+// fuse_linear_activation() is on.
+Tensor linear_activation(const Tensor& x, const Tensor& w, const Tensor& b, Activation act);
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p = {});
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);

@@ -29,21 +29,25 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return y;
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return linear_activation(x, w, b, Activation::None);
+}
+
+Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Activation act) {
   // Autocast as in matmul. The bias is added to the rounded bfloat16 product (PyTorch's
   // addmm adds it inside the float32 epilogue): one more rounding, within a bfloat16 ulp.
   const Tensor x = autocast_input(x_in), w = autocast_input(w_in), b = autocast_input(b_in);
-  Tensor y = kernels::matmul(x, w, false, true);           // [N, in] @ [out, in]^T -> [N, out]
-  if (b.defined()) kernels::binary_(BinaryOp::Add, y, b);  // b [out] broadcast over rows
+  Tensor y = kernels::linear(x, w, b, act);  // [N, in] @ [out, in]^T + b -> [N, out]
   if (autograd::any_requires_grad({&x, &w, &b})) {
     const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
-    record("Linear", {x, w, b}, {y},
-           [nx, nw, nb, x = nw ? saved(x) : Tensor(),
-            w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
-             Tensor gx = nx ? kernels::matmul(g[0], w) : Tensor();               // [N, in]
-             Tensor gw = nw ? kernels::matmul(g[0], x, true, false) : Tensor();  // [out, in]
-             Tensor gb = nb ? kernels::sum(g[0], {0}) : Tensor();                // [out]
-             return {gx, gw, gb};
+    const char* name = act == Activation::Relu      ? "LinearRelu"
+                       : act == Activation::Sigmoid ? "LinearSigmoid"
+                                                    : "Linear";
+    record(name, {x, w, b}, {y},
+           [nx, nw, nb, act, x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor(),
+            y = act != Activation::None ? saved(y) : Tensor()](TensorList&& g) -> TensorList {
+             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, nx, nw, nb);
+             return {r.dx, r.dw, r.db};
            });
   }
   return y;

@@ -36,6 +36,9 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max, Avg = Mean };
 
 enum class PoolMode : uint8_t { Max, Avg };
 
+// The activation a fused linear layer applies to its output (Note [linear + activation]).
+enum class Activation : uint8_t { None, Relu, Sigmoid };
+
 struct Conv2dParams {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
@@ -110,6 +113,34 @@ class Backend {
   // op(a) is [M, K], op(b) is [K, N], c is [M, N].
   virtual void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                     double beta, const Tensor& c) = 0;
+
+  // Note [linear + activation]: a classifier layer of a small network is a product of a few
+  // million multiply-adds followed by a bias add and an activation; as separate ops that is
+  // four or five kernels forward (cuBLAS's split-K pair, the bias, the activation) and eight or
+  // nine backward (the activation's gradient, two products with their split-K reductions, the
+  // bias gradient's copy and sum), each a few microseconds of launch-bound work in a LeNet
+  // step. Fused, a layer is one kernel forward and two backward.
+  //
+  // linear_forward: y [M, N] = act(x [M, K] @ w [N, K]^T + bias [N]) (bias undefined: none),
+  // the bias added to the product's sum and the activation applied to that, in the element
+  // type. x, w, bias, y contiguous, one floating dtype. Returns false, having done nothing,
+  // when the backend has no fused kernel for these sizes or this dtype: the dispatcher then
+  // composes gemm, the bias add and the activation (what the CPU, the reference, always does).
+  virtual bool linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                              Activation act, const Tensor& y) {
+    (void)x, (void)w, (void)bias, (void)act, (void)y;
+    return false;
+  }
+  // The backward of linear_forward from its output y and the output's gradient dy: with
+  // dz = dy * act'(y) (ReluBackward / SigmoidBackward of dy and y; dy itself for None),
+  // dx [M, K] = dz @ w, dw [N, K] = dz^T @ x and db [N] = the column sums of dz, each
+  // computed when defined and overwritten. Returns false as linear_forward does.
+  virtual bool linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
+                               const Tensor& w, Activation act, const Tensor& dx,
+                               const Tensor& dw, const Tensor& db) {
+    (void)dy, (void)y, (void)x, (void)w, (void)act, (void)dx, (void)dw, (void)db;
+    return false;
+  }
 
   // x [N, C, H, W], w [K, C, R, S], bias [K] or undefined, y [N, K, P, Q]; all contiguous,
   // or all channels-last where supports_channels_last().
@@ -255,6 +286,13 @@ bool fuse_bn_relu();
 //   bf16, +3.4% float32. Environment: TANDEM_FUSE_CONV_BIAS=0 turns it off.
 void set_fuse_conv_bias(bool on);
 bool fuse_conv_bias();
+// fuse_linear_activation (default true): a Sequential's Linear followed by a ReLU or a Sigmoid
+//   runs as one linear op with the activation applied to its output (Note [linear +
+//   activation]): the same values and gradients, the activation module skipped. On the CUDA
+//   backend a small layer (LeNet's classifier) is then one kernel forward and two backward.
+//   Environment: TANDEM_FUSE_LINEAR_ACT=0 turns it off.
+void set_fuse_linear_activation(bool on);
+bool fuse_linear_activation();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

@@ -41,8 +41,14 @@ std::atomic<bool>& fuse_conv_bias_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_CONV_BIAS", true)};
   return flag;
 }
+std::atomic<bool>& fuse_linear_activation_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_LINEAR_ACT", true)};
+  return flag;
+}
 }  // namespace
 
+void set_fuse_linear_activation(bool on) { fuse_linear_activation_flag() = on; }
+bool fuse_linear_activation() { return fuse_linear_activation_flag(); }
 void set_fuse_bn_relu(bool on) { fuse_bn_relu_flag() = on; }
 bool fuse_bn_relu() { return fuse_bn_relu_flag(); }
 void set_fuse_conv_bias(bool on) { fuse_conv_bias_flag() = on; }

@@ -351,4 +351,97 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return c;
 }
 
+// ---- linear layers (Note [linear + activation]) ----------------------------------------
+
+namespace {
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::Relu: return "relu";
+    case Activation::Sigmoid: return "sigmoid";
+    case Activation::None: break;
+  }
+  return "none";
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  const char* op = "linear";
+  check_same_device(op, {&x, &w});
+  check_same_dtype(op, {&x, &w});
+  check_floating(op, x);
+  TANDEM_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), Shape, op, ": input ",
+               shape_str(x.shape()), " and weight ", shape_str(w.shape()),
+               " are not [M, K] and [N, K]");
+  const int64_t m = x.size(0), n = w.size(0);
+  if (bias.defined()) {
+    check_same_device(op, {&x, &bias});
+    check_same_dtype(op, {&x, &bias});
+    TANDEM_CHECK(bias.shape() == Shape{n}, Shape, op, ": bias ", shape_str(bias.shape()),
+                 " for weight ", shape_str(w.shape()), ", expected [", n, "]");
+  }
+  Backend& be = backend_for(x.device());
+  Tensor y({m, n}, x.dtype(), x.device());
+  if (be.linear_forward(x.contiguous(), w.contiguous(), bias.defined() ? bias.contiguous() : bias, act, y)) {
+    return y;
+  }
+  // The composition, the CPU's way (and the reference's): the product as matmul computes it,
+  // then the bias, then the activation, each in place.
+  auto [gx, tx] = gemm_operand(x, false);
+  auto [gw, tw] = gemm_operand(w, true);
+  be.gemm(tx, tw, 1.0, gx, gw, 0.0, y);
+  if (bias.defined()) binary_(BinaryOp::Add, y, bias);
+  if (act != Activation::None) {
+    be.unary(act == Activation::Relu ? UnaryOp::Relu : UnaryOp::Sigmoid, y, y);
+  }
+  return y;
+}
+
+LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
+                            Activation act, bool need_dx, bool need_dw, bool need_db) {
+  const char* op = "linear_backward";
+  check_floating(op, dy);
+  TANDEM_CHECK(dy.dim() == 2, Shape, op, ": gradient ", shape_str(dy.shape()), " is not [M, N]");
+  const int64_t m = dy.size(0), n = dy.size(1);
+  LinearGrads g;
+  if (!need_dx && !need_dw && !need_db) return g;
+  const auto check_operand = [&](const Tensor& t, const char* name, int64_t rows) {
+    TANDEM_CHECK(t.defined(), Value, op, ": the ", name, " is needed for these gradients (",
+                 activation_name(act), ")");
+    check_same_device(op, {&dy, &t});
+    check_same_dtype(op, {&dy, &t});
+    TANDEM_CHECK(t.dim() == 2 && t.size(0) == rows, Shape, op, ": ", name, " ",
+                 shape_str(t.shape()), " for gradient ", shape_str(dy.shape()));
+  };
+  if (act != Activation::None) {
+    check_operand(y, "output", m);
+    TANDEM_CHECK(y.size(1) == n, Shape, op, ": output ", shape_str(y.shape()), " for gradient ",
+                 shape_str(dy.shape()));
+  }
+  if (need_dx) check_operand(w, "weight", n);
+  if (need_dw) check_operand(x, "input", m);
+  if (need_dx && need_dw) {
+    TANDEM_CHECK(x.size(1) == w.size(1), Shape, op, ": input ", shape_str(x.shape()),
+                 " and weight ", shape_str(w.shape()), " are not [M, K] and [N, K]");
+  }
+  const Tensor dyc = dy.contiguous();
+  const Tensor yc = act != Activation::None ? y.contiguous() : Tensor();
+  const Tensor xc = need_dw ? x.contiguous() : Tensor(), wc = need_dx ? w.contiguous() : Tensor();
+  if (need_dx) g.dx = Tensor({m, wc.size(1)}, dy.dtype(), dy.device());
+  if (need_dw) g.dw = Tensor({n, xc.size(1)}, dy.dtype(), dy.device());
+  if (need_db) g.db = Tensor({n}, dy.dtype(), dy.device());
+  Backend& be = backend_for(dy.device());
+  if (be.linear_backward(dyc, yc, xc, wc, act, g.dx, g.dw, g.db)) return g;
+  // The composition: the gradients the separate ops would compute, the same bits.
+  const Tensor dz = act == Activation::None
+                        ? dyc
+                        : binary(act == Activation::Relu ? BinaryOp::ReluBackward : BinaryOp::SigmoidBackward,
+                                 dyc, yc);
+  if (need_dx) be.gemm(false, false, 1.0, dz, wc, 0.0, g.dx);
+  if (need_dw) be.gemm(true, false, 1.0, dz, xc, 0.0, g.dw);
+  if (need_db) g.db = sum(dz, {0});
+  return g;
+}
+
 }  // namespace tandem::kernels

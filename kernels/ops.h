@@ -43,6 +43,18 @@ Tensor argmax(const Tensor& x, int64_t dim);
 // 2-D matrix product: op(a) @ op(b).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+// act(x [M, K] @ w [N, K]^T + bias [N]) (bias undefined: none): a linear layer with its
+// activation (Note [linear + activation] in kernels/backend.h), one fused kernel where the
+// backend has one, else the product, the bias add and the activation in turn.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act = Activation::None);
+struct LinearGrads {
+  Tensor dx, dw, db;  // undefined when not asked for
+};
+// The gradients of linear from the output y (unused for Activation::None) and its gradient
+// dy: dx needs w, dw needs x.
+LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
+                            Activation act, bool need_dx, bool need_dw, bool need_db);
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                              const Shape& x_shape);

@@ -6,6 +6,7 @@
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/conv.h"
+#include "nn/linear.h"
 
 namespace tandem::nn {
 
@@ -46,6 +47,21 @@ Tensor SequentialImpl::forward_impl(const Tensor& x) {
       y = bn->forward_relu(y);
       ++i;
       continue;
+    }
+    // A Linear followed by a ReLU or a Sigmoid runs as one op when fuse_linear_activation()
+    // is on (Note [linear + activation] in kernels/backend.h): the same values, the
+    // activation module skipped.
+    auto* lin = fuse_linear_activation() ? dynamic_cast<Linear*>(&m) : nullptr;
+    if (lin != nullptr) {
+      const Module* next = child(i + 1);
+      const Activation act = dynamic_cast<const ReLU*>(next) != nullptr      ? Activation::Relu
+                             : dynamic_cast<const Sigmoid*>(next) != nullptr ? Activation::Sigmoid
+                                                                             : Activation::None;
+      if (act != Activation::None) {
+        y = lin->forward_activation(y, act);
+        ++i;
+        continue;
+      }
     }
     y = m.forward(y);
   }

@@ -2,7 +2,8 @@
 // Sequential: children applied in order, named "0", "1", ... (a BatchNorm2d and the ReLU after
 // it as one op when fuse_bn_relu() is on: Note [batch norm + ReLU] in kernels/backend.h; a
 // Conv2d's bias added inside the BatchNorm2d after it when fuse_conv_bias() is on:
-// nn::conv_batch_norm).
+// nn::conv_batch_norm; a Linear and the ReLU or Sigmoid after it as one op when
+// fuse_linear_activation() is on: Note [linear + activation]).
 //
 // As in libtorch, nn::Sequential is the holder (Note [module holders] in nn/module.h) of the
 // module class nn::SequentialImpl:

@@ -27,9 +27,14 @@ std::string Linear::extra_repr() const {
 }
 
 Tensor Linear::forward_impl(const Tensor& x) {
+  return forward_activation(x, Activation::None);
+}
+
+Tensor Linear::forward_activation(const Tensor& x, Activation act) {
+  check_forward_input(x);  // as forward()
   TANDEM_CHECK(x.dim() == 2 && x.size(1) == in_, Shape, "Linear(", in_, ", ", out_, "): input ",
                shape_str(x.shape()), " is not [N, ", in_, "]");
-  return linear(x, weight(), bias());
+  return linear_activation(x, weight(), bias(), act);
 }
 
 std::string Flatten::extra_repr() const {

@@ -1,6 +1,7 @@
 #pragma once
 // Linear (fully connected) and Flatten.
 #include "core/generator.h"
+#include "kernels/backend.h"
 #include "nn/module.h"
 
 namespace tandem::nn {
@@ -18,6 +19,10 @@ class Linear : public Cloneable<Linear> {
   int64_t out_features() const { return out_; }
   // Redraws weight and bias with PyTorch's default initialization.
   void reset_parameters(Generator& gen = default_generator());
+  // act(forward(x)) as one op (autograd's linear_activation): the same values and gradients.
+  // What a Sequential runs for a Linear followed by a ReLU or a Sigmoid when
+  // fuse_linear_activation() is on (kernels/backend.h).
+  Tensor forward_activation(const Tensor& x, Activation act);
 
   std::string name() const override { return "Linear"; }
   std::string extra_repr() const override;

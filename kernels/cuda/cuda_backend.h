@@ -41,6 +41,14 @@ class CudaBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
             double beta, const Tensor& c) override;
 
+  // tandem's own kernels for small layers (Note [linear + activation] in kernels/backend.h,
+  // kernels/cuda/linear.cu); false for large ones and bfloat16.
+  bool linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
+                      const Tensor& y) override;
+  bool linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
+                       Activation act, const Tensor& dx, const Tensor& dw,
+                       const Tensor& db) override;
+
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                       const Tensor& y) override;
   void conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
