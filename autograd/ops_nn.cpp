@@ -44,9 +44,9 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
                        : act == Activation::Sigmoid ? "LinearSigmoid"
                                                     : "Linear";
     record(name, {x, w, b}, {y},
-           [nx, nw, nb, act, x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor(),
+           [nx, nw, nb, act, k = x.size(1), x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor(),
             y = act != Activation::None ? saved(y) : Tensor()](TensorList&& g) -> TensorList {
-             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, nx, nw, nb);
+             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, nx, nw, nb);
              return {r.dx, r.dw, r.db};
            });
   }

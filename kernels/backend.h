@@ -134,11 +134,13 @@ class Backend {
   // The backward of linear_forward from its output y and the output's gradient dy: with
   // dz = dy * act'(y) (ReluBackward / SigmoidBackward of dy and y; dy itself for None),
   // dx [M, K] = dz @ w, dw [N, K] = dz^T @ x and db [N] = the column sums of dz, each
-  // computed when defined and overwritten. Returns false as linear_forward does.
+  // computed when defined and overwritten; K = in_features, given even when neither x nor w
+  // is (the choice of kernel depends on the layer's size, never on which gradients are
+  // asked for, so db has the same bits either way). Returns false as linear_forward does.
   virtual bool linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
-                               const Tensor& w, Activation act, const Tensor& dx,
-                               const Tensor& dw, const Tensor& db) {
-    (void)dy, (void)y, (void)x, (void)w, (void)act, (void)dx, (void)dw, (void)db;
+                               const Tensor& w, Activation act, int64_t in_features,
+                               const Tensor& dx, const Tensor& dw, const Tensor& db) {
+    (void)dy, (void)y, (void)x, (void)w, (void)act, (void)in_features, (void)dx, (void)dw, (void)db;
     return false;
   }
 

@@ -399,7 +399,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
 }
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
-                            Activation act, bool need_dx, bool need_dw, bool need_db) {
+                            Activation act, int64_t in_features, bool need_dx, bool need_dw,
+                            bool need_db) {
   const char* op = "linear_backward";
   check_floating(op, dy);
   TANDEM_CHECK(dy.dim() == 2, Shape, op, ": gradient ", shape_str(dy.shape()), " is not [M, N]");
@@ -421,18 +422,19 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, 
   }
   if (need_dx) check_operand(w, "weight", n);
   if (need_dw) check_operand(x, "input", m);
-  if (need_dx && need_dw) {
-    TANDEM_CHECK(x.size(1) == w.size(1), Shape, op, ": input ", shape_str(x.shape()),
-                 " and weight ", shape_str(w.shape()), " are not [M, K] and [N, K]");
+  for (const Tensor* t : {need_dx ? &w : nullptr, need_dw ? &x : nullptr}) {
+    if (t == nullptr) continue;
+    TANDEM_CHECK(t->size(1) == in_features, Shape, op, ": ", t == &w ? "weight " : "input ",
+                 shape_str(t->shape()), " for a layer of ", in_features, " inputs");
   }
   const Tensor dyc = dy.contiguous();
   const Tensor yc = act != Activation::None ? y.contiguous() : Tensor();
   const Tensor xc = need_dw ? x.contiguous() : Tensor(), wc = need_dx ? w.contiguous() : Tensor();
-  if (need_dx) g.dx = Tensor({m, wc.size(1)}, dy.dtype(), dy.device());
-  if (need_dw) g.dw = Tensor({n, xc.size(1)}, dy.dtype(), dy.device());
+  if (need_dx) g.dx = Tensor({m, in_features}, dy.dtype(), dy.device());
+  if (need_dw) g.dw = Tensor({n, in_features}, dy.dtype(), dy.device());
   if (need_db) g.db = Tensor({n}, dy.dtype(), dy.device());
   Backend& be = backend_for(dy.device());
-  if (be.linear_backward(dyc, yc, xc, wc, act, g.dx, g.dw, g.db)) return g;
+  if (be.linear_backward(dyc, yc, xc, wc, act, in_features, g.dx, g.dw, g.db)) return g;
   // The composition: the gradients the separate ops would compute, the same bits.
   const Tensor dz = act == Activation::None
                         ? dyc

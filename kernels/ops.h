@@ -51,9 +51,10 @@ struct LinearGrads {
   Tensor dx, dw, db;  // undefined when not asked for
 };
 // The gradients of linear from the output y (unused for Activation::None) and its gradient
-// dy: dx needs w, dw needs x.
+// dy, for a layer of in_features inputs (x's size(1)): dx needs w, dw needs x.
 LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
-                            Activation act, bool need_dx, bool need_dw, bool need_db);
+                            Activation act, int64_t in_features, bool need_dx, bool need_dw,
+                            bool need_db);
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,

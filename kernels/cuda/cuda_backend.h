@@ -46,8 +46,8 @@ class CudaBackend final : public Backend {
   bool linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
                       const Tensor& y) override;
   bool linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
-                       Activation act, const Tensor& dx, const Tensor& dw,
-                       const Tensor& db) override;
+                       Activation act, int64_t in_features, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db) override;
 
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                       const Tensor& y) override;

@@ -5,7 +5,8 @@
 // 15 M multiply-adds forward, yet cuBLAS runs each product as a split-K pair of kernels tiled for
 // large matrices, and the bias, the activation, its gradient and the bias gradient are passes
 // of their own. Here each pass is one kernel over 16 x 16 tiles of the output, one output per
-// thread, the reduction dimension staged through shared memory 32 at a time:
+// thread, the reduction dimension staged through shared memory 64 at a time (the next stage
+// loaded into registers while the current one is summed):
 //
 // - forward, y = act(x @ w^T + bias): x [M, K] and w [N, K] are both read along K, the bias
 //   added to the sum and the activation applied before the only store;
@@ -30,10 +31,11 @@ namespace tandem {
 namespace gpu {
 namespace {
 
-constexpr int kTile = 16;                   // output tile: kTile x kTile, one output per thread
-constexpr int kStep = 32;                   // reduction elements staged per iteration
-constexpr int kThreads = kTile * kTile;     // 256
-constexpr int64_t kMaxRows = 4096;          // M: the weight gradient's reduction length
+constexpr int kTile = 16;                       // output tile: kTile x kTile, one output per thread
+constexpr int kStep = 64;                       // reduction elements staged per iteration
+constexpr int kThreads = kTile * kTile;         // 256
+constexpr int kLoads = kTile * kStep / kThreads;  // elements of each operand a thread stages
+constexpr int64_t kMaxRows = 4096;              // M: the weight gradient's reduction length
 constexpr int64_t kMaxWork = int64_t{1} << 24;  // M * N * K multiply-adds
 
 template <typename T, Activation A>
@@ -52,96 +54,123 @@ __device__ T activation_grad(T g, T y) {
   return g;
 }
 
-// y [m, n] = act(x [m, k] @ w [n, k]^T + bias [n]); grid (ceil(n / 16), ceil(m / 16)).
-template <typename T, Activation A>
-__global__ void __launch_bounds__(kThreads) linear_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                  const T* __restrict__ bias, T* __restrict__ y,
-                                                                  int m, int n, int k) {
-  __shared__ T xs[kTile][kStep + 1];  // xs[r][t] = x[row0 + r, t0 + t]
-  __shared__ T ws[kTile][kStep + 1];  // ws[c][t] = w[col0 + c, t0 + t]
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
-  T acc = 0;
-  for (int t0 = 0; t0 < k; t0 += kStep) {
-    for (int e = threadIdx.x; e < kTile * kStep; e += kThreads) {
-      const int r = e / kStep, t = e % kStep, kk = t0 + t;
-      xs[r][t] = row0 + r < m && kk < k ? x[static_cast<int64_t>(row0 + r) * k + kk] : T(0);
-      ws[r][t] = col0 + r < n && kk < k ? w[static_cast<int64_t>(col0 + r) * k + kk] : T(0);
-    }
-    __syncthreads();
-    const int steps = min(kStep, k - t0);
-    for (int t = 0; t < steps; ++t) acc = fma(xs[ty][t], ws[tx][t], acc);
-    __syncthreads();
-  }
-  const int row = row0 + ty, col = col0 + tx;
-  if (row < m && col < n) {
-    const T z = bias != nullptr ? acc + bias[col] : acc;
-    y[static_cast<int64_t>(row) * n + col] = activate<T, A>(z);
-  }
-}
+// The three passes are one pattern, out[r, c] = sum over t of a(r, t) * b(c, t):
+//   Forward     r < m, c < n, t < k: a = x[r, t], b = w[c, t]; out = y = act(sum + bias[c])
+//   InputGrad   r < m, c < k, t < n: a = dz[r, t], b = w[t, c]; out = dx
+//   WeightGrad  r < n, c in [first, last), t < m: a = dz[t, r], b = x[t, c] (1 for c = k);
+//               out = dw for c < k, db for c = k
+enum class Pass { Forward, InputGrad, WeightGrad };
 
-// dx [m, k] = dz @ w [n, k], dz = act'(dy [m, n], y [m, n]); grid (ceil(k / 16), ceil(m / 16)).
-template <typename T, Activation A>
-__global__ void __launch_bounds__(kThreads) linear_input_grad_kernel(const T* __restrict__ dy, const T* __restrict__ y,
-                                                                     const T* __restrict__ w, T* __restrict__ dx, int m,
-                                                                     int n, int k) {
-  __shared__ T zs[kTile][kStep + 1];  // zs[r][t] = dz[row0 + r, t0 + t]
-  __shared__ T ws[kStep][kTile + 1];  // ws[t][c] = w[t0 + t, col0 + c]
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
-  T acc = 0;
-  for (int t0 = 0; t0 < n; t0 += kStep) {
-    for (int e = threadIdx.x; e < kTile * kStep; e += kThreads) {
-      const int r = e / kStep, t = e % kStep;
-      const int64_t i = static_cast<int64_t>(row0 + r) * n + t0 + t;
-      zs[r][t] = row0 + r < m && t0 + t < n
-                     ? activation_grad<T, A>(dy[i], A == Activation::None ? T(0) : y[i])
-                     : T(0);
-      const int wt = e / kTile, wc = e % kTile;
-      ws[wt][wc] = t0 + wt < n && col0 + wc < k ? w[static_cast<int64_t>(t0 + wt) * k + col0 + wc] : T(0);
-    }
-    __syncthreads();
-    const int steps = min(kStep, n - t0);
-    for (int t = 0; t < steps; ++t) acc = fma(zs[ty][t], ws[t][tx], acc);
-    __syncthreads();
-  }
-  const int row = row0 + ty, col = col0 + tx;
-  if (row < m && col < k) dx[static_cast<int64_t>(row) * k + col] = acc;
-}
+template <typename T>
+struct LinearArgs {
+  const T* dy;    // [m, n] (backward)
+  const T* y;     // [m, n] (backward, activations)
+  const T* x;     // [m, k]
+  const T* w;     // [n, k]
+  const T* bias;  // [n] (forward) or null
+  T* out;         // y, dx or dw
+  T* db;          // [n] (WeightGrad) or null
+  int m, n, k;
+  int first, last;  // WeightGrad: the columns computed
+};
 
-// dw [n, k] = dz^T @ x [m, k] and db [n] = the column sums of dz, as one product whose column
-// k has input 1. Columns [first, last) of that [n, k + 1] product are computed (first = k:
-// only db; last = k: no db); grid (ceil((last - first) / 16), ceil(n / 16)).
-template <typename T, Activation A>
-__global__ void __launch_bounds__(kThreads) linear_weight_grad_kernel(const T* __restrict__ dy, const T* __restrict__ y,
-                                                                      const T* __restrict__ x, T* __restrict__ dw,
-                                                                      T* __restrict__ db, int m, int n, int k,
-                                                                      int first, int last) {
-  __shared__ T zs[kStep][kTile + 1];  // zs[t][r] = dz[t0 + t, row0 + r]
-  __shared__ T xs[kStep][kTile + 1];  // xs[t][c] = x[t0 + t, col0 + c], 1 in column k
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int row0 = blockIdx.y * kTile, col0 = first + blockIdx.x * kTile;
-  T acc = 0;
-  for (int t0 = 0; t0 < m; t0 += kStep) {
-    for (int e = threadIdx.x; e < kTile * kStep; e += kThreads) {
-      const int t = e / kTile, c = e % kTile;
-      const bool in = t0 + t < m;
-      const int64_t i = static_cast<int64_t>(t0 + t) * n + row0 + c;
-      zs[t][c] = in && row0 + c < n ? activation_grad<T, A>(dy[i], A == Activation::None ? T(0) : y[i]) : T(0);
-      const int col = col0 + c;
-      xs[t][c] = !in || col >= last ? T(0) : col == k ? T(1) : x[static_cast<int64_t>(t0 + t) * k + col];
-    }
-    __syncthreads();
-    const int steps = min(kStep, m - t0);
-    for (int t = 0; t < steps; ++t) acc = fma(zs[t][ty], xs[t][tx], acc);
-    __syncthreads();
-  }
-  const int row = row0 + ty, col = col0 + tx;
-  if (row >= n || col >= last) return;
-  if (col < k) {
-    dw[static_cast<int64_t>(row) * k + col] = acc;
+template <Pass P>
+constexpr bool kAAlongT = P != Pass::WeightGrad;  // a(r, t) contiguous in t (else in r)
+template <Pass P>
+constexpr bool kBAlongT = P == Pass::Forward;
+
+template <typename T, Activation A, Pass P>
+__device__ T operand_a(const LinearArgs<T>& p, int r, int t) {
+  if constexpr (P == Pass::Forward) {
+    return r < p.m && t < p.k ? p.x[static_cast<int64_t>(r) * p.k + t] : T(0);
   } else {
-    db[row] = acc;
+    const int i = P == Pass::InputGrad ? r : t, j = P == Pass::InputGrad ? t : r;  // dz[i, j]
+    if (i >= p.m || j >= p.n) return T(0);
+    const int64_t e = static_cast<int64_t>(i) * p.n + j;
+    return activation_grad<T, A>(p.dy[e], A == Activation::None ? T(0) : p.y[e]);
+  }
+}
+
+template <typename T, Pass P>
+__device__ T operand_b(const LinearArgs<T>& p, int c, int t) {
+  if constexpr (P == Pass::Forward) {
+    return c < p.n && t < p.k ? p.w[static_cast<int64_t>(c) * p.k + t] : T(0);
+  } else if constexpr (P == Pass::InputGrad) {
+    return c < p.k && t < p.n ? p.w[static_cast<int64_t>(t) * p.k + c] : T(0);
+  } else {
+    if (t >= p.m || c >= p.last) return T(0);
+    return c == p.k ? T(1) : p.x[static_cast<int64_t>(t) * p.k + c];
+  }
+}
+
+// Element i of a thread's share of a kTile x kStep operand tile: (tile row, t) so that
+// neighbouring threads read neighbouring addresses.
+template <bool AlongT>
+__device__ void tile_slot(int i, int& r, int& t) {
+  const int e = static_cast<int>(threadIdx.x) + i * kThreads;
+  if constexpr (AlongT) {
+    r = e / kStep, t = e % kStep;
+  } else {
+    r = e % kTile, t = e / kTile;
+  }
+}
+
+// One kernel for the three passes; grid (ceil(columns / 16), ceil(rows / 16)). The next
+// stage of both operands is loaded into registers while the current one is summed from shared
+// memory; rows are padded to 16 bytes so the sums read 16-byte words.
+template <typename T, Activation A, Pass P>
+__global__ void __launch_bounds__(kThreads) linear_pass_kernel(const LinearArgs<T> p) {
+  constexpr int kPad = 16 / sizeof(T);
+  __shared__ __align__(16) T as[kTile][kStep + kPad];  // as[r][t] = a(row0 + r, t0 + t)
+  __shared__ __align__(16) T bs[kTile][kStep + kPad];  // bs[c][t] = b(col0 + c, t0 + t)
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int len = P == Pass::Forward ? p.k : P == Pass::InputGrad ? p.n : p.m;
+  const int row0 = blockIdx.y * kTile;
+  const int col0 = (P == Pass::WeightGrad ? p.first : 0) + blockIdx.x * kTile;
+  T ra[kLoads], rb[kLoads];
+  const auto fetch = [&](int t0) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      int r, t;
+      tile_slot<kAAlongT<P>>(i, r, t);
+      ra[i] = operand_a<T, A, P>(p, row0 + r, t0 + t);
+      tile_slot<kBAlongT<P>>(i, r, t);
+      rb[i] = operand_b<T, P>(p, col0 + r, t0 + t);
+    }
+  };
+  fetch(0);
+  T acc = 0;
+  for (int t0 = 0; t0 < len; t0 += kStep) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      int r, t;
+      tile_slot<kAAlongT<P>>(i, r, t);
+      as[r][t] = ra[i];
+      tile_slot<kBAlongT<P>>(i, r, t);
+      bs[r][t] = rb[i];
+    }
+    __syncthreads();
+    if (t0 + kStep < len) fetch(t0 + kStep);
+    // Past the end both operands are 0: fma(0, 0, acc) is acc.
+#pragma unroll
+    for (int t = 0; t < kStep; ++t) acc = fma(as[ty][t], bs[tx][t], acc);
+    __syncthreads();
+  }
+  const int row = row0 + ty, col = col0 + tx;
+  if constexpr (P == Pass::Forward) {
+    if (row < p.m && col < p.n) {
+      const T z = p.bias != nullptr ? acc + p.bias[col] : acc;
+      p.out[static_cast<int64_t>(row) * p.n + col] = activate<T, A>(z);
+    }
+  } else if constexpr (P == Pass::InputGrad) {
+    if (row < p.m && col < p.k) p.out[static_cast<int64_t>(row) * p.k + col] = acc;
+  } else {
+    if (row >= p.n || col >= p.last) return;
+    if (col < p.k) {
+      p.out[static_cast<int64_t>(row) * p.k + col] = acc;
+    } else {
+      p.db[row] = acc;
+    }
   }
 }
 
@@ -175,10 +204,13 @@ bool CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   cudaStream_t stream = current_cuda_stream(x.device());
   dispatch_floating(x.dtype(), "linear", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::dispatch_activation(act, [&](auto a) {
-      gpu::linear_forward_kernel<T, decltype(a)::value><<<gpu::tiles(n, m), gpu::kThreads, 0, stream>>>(
-          gpu::cptr<T>(x), gpu::cptr<T>(w), bias.defined() ? gpu::cptr<T>(bias) : nullptr, gpu::ptr<T>(y),
-          static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+    gpu::LinearArgs<T> a{};
+    a.x = gpu::cptr<T>(x), a.w = gpu::cptr<T>(w), a.bias = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    a.out = gpu::ptr<T>(y);
+    a.m = static_cast<int>(m), a.n = static_cast<int>(n), a.k = static_cast<int>(k);
+    gpu::dispatch_activation(act, [&](auto c) {
+      gpu::linear_pass_kernel<T, decltype(c)::value, gpu::Pass::Forward>
+          <<<gpu::tiles(n, m), gpu::kThreads, 0, stream>>>(a);
       TANDEM_CUDA_CHECK_LAUNCH();
     });
   });
@@ -186,28 +218,33 @@ bool CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 bool CudaBackend::linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
-                                  Activation act, const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  const int64_t m = dy.size(0), n = dy.size(1);
-  const int64_t k = dx.defined() ? dx.size(1) : dw.defined() ? dw.size(1) : 1;
+                                  Activation act, int64_t in_features, const Tensor& dx, const Tensor& dw,
+                                  const Tensor& db) {
+  const int64_t m = dy.size(0), n = dy.size(1), k = in_features;
   if (!gpu::fused_linear_applies(dy.dtype(), m, n, k)) return false;
   DeviceGuard guard(dy.device());
   cudaStream_t stream = current_cuda_stream(dy.device());
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
   dispatch_floating(dy.dtype(), "linear_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* yp = act == Activation::None ? nullptr : gpu::cptr<T>(y);
-    gpu::dispatch_activation(act, [&](auto a) {
-      constexpr Activation A = decltype(a)::value;
+    gpu::LinearArgs<T> a{};
+    a.dy = gpu::cptr<T>(dy), a.y = act == Activation::None ? nullptr : gpu::cptr<T>(y);
+    a.m = static_cast<int>(m), a.n = static_cast<int>(n), a.k = static_cast<int>(k);
+    gpu::dispatch_activation(act, [&](auto c) {
+      constexpr Activation A = decltype(c)::value;
       if (dx.defined()) {
-        gpu::linear_input_grad_kernel<T, A><<<gpu::tiles(k, m), gpu::kThreads, 0, stream>>>(
-            gpu::cptr<T>(dy), yp, gpu::cptr<T>(w), gpu::ptr<T>(dx), im, in, ik);
+        gpu::LinearArgs<T> g = a;
+        g.w = gpu::cptr<T>(w), g.out = gpu::ptr<T>(dx);
+        gpu::linear_pass_kernel<T, A, gpu::Pass::InputGrad><<<gpu::tiles(k, m), gpu::kThreads, 0, stream>>>(g);
         TANDEM_CUDA_CHECK_LAUNCH();
       }
       if (dw.defined() || db.defined()) {
-        const int first = dw.defined() ? 0 : ik, last = db.defined() ? ik + 1 : ik;
-        gpu::linear_weight_grad_kernel<T, A><<<gpu::tiles(last - first, n), gpu::kThreads, 0, stream>>>(
-            gpu::cptr<T>(dy), yp, dw.defined() ? gpu::cptr<T>(x) : nullptr, dw.defined() ? gpu::ptr<T>(dw) : nullptr,
-            db.defined() ? gpu::ptr<T>(db) : nullptr, im, in, ik, first, last);
+        gpu::LinearArgs<T> g = a;
+        g.x = dw.defined() ? gpu::cptr<T>(x) : nullptr, g.out = dw.defined() ? gpu::ptr<T>(dw) : nullptr;
+        g.db = db.defined() ? gpu::ptr<T>(db) : nullptr;
+        g.first = dw.defined() ? 0 : a.k;
+        g.last = db.defined() ? a.k + 1 : a.k;
+        gpu::linear_pass_kernel<T, A, gpu::Pass::WeightGrad>
+            <<<gpu::tiles(g.last - g.first, n), gpu::kThreads, 0, stream>>>(g);
         TANDEM_CUDA_CHECK_LAUNCH();
       }
     });

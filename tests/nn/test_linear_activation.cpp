@@ -174,24 +174,24 @@ TEST_CASE("cuda linear layers with their activation against the CPU", "[cuda]") 
         const Tensor yg = kernels::linear(gpu(x), gpu(w), gpu(b), act);
         check(yg, y, 4);
         check(kernels::linear(gpu(x), gpu(w), Tensor(), act), kernels::linear(x, w, Tensor(), act), 4);
-        const kernels::LinearGrads want = kernels::linear_backward(dy, y, x, w, act, true, true, true);
+        const kernels::LinearGrads want = kernels::linear_backward(dy, y, x, w, act, c.k, true, true, true);
         const kernels::LinearGrads got =
-            kernels::linear_backward(gpu(dy), yg, gpu(x), gpu(w), act, true, true, true);
+            kernels::linear_backward(gpu(dy), yg, gpu(x), gpu(w), act, c.k, true, true, true);
         check(got.dx, want.dx, 4);
         check(got.dw, want.dw, 4);
         check(got.db, want.db, 4);
         // Each gradient alone (the weight gradient's kernel without or with only the bias
         // column), and a second call gives the same bits.
         const kernels::LinearGrads dx_only =
-            kernels::linear_backward(gpu(dy), yg, Tensor(), gpu(w), act, true, false, false);
+            kernels::linear_backward(gpu(dy), yg, Tensor(), gpu(w), act, c.k, true, false, false);
         CHECK_FALSE(dx_only.dw.defined());
         CHECK_FALSE(dx_only.db.defined());
         test::check_equal(dx_only.dx, got.dx.to(kCPU));
         const kernels::LinearGrads dw_only =
-            kernels::linear_backward(gpu(dy), yg, gpu(x), Tensor(), act, false, true, false);
+            kernels::linear_backward(gpu(dy), yg, gpu(x), Tensor(), act, c.k, false, true, false);
         test::check_equal(dw_only.dw, got.dw.to(kCPU));
         const kernels::LinearGrads db_only =
-            kernels::linear_backward(gpu(dy), yg, Tensor(), Tensor(), act, false, false, true);
+            kernels::linear_backward(gpu(dy), yg, Tensor(), Tensor(), act, c.k, false, false, true);
         test::check_equal(db_only.db, got.db.to(kCPU));
         test::check_equal(kernels::linear(gpu(x), gpu(w), gpu(b), act), yg.to(kCPU));
       }
@@ -211,16 +211,16 @@ TEST_CASE("linear and linear_backward name the shapes at fault", "[kernels]") {
   const Tensor dy = uniform({4, 2}, -1.0, 1.0);
   // The output is needed for an activation's gradient; the weight for dx; the input for dw.
   msg = test::error_message<ValueError>(
-      [&] { kernels::linear_backward(dy, Tensor(), x, w, Activation::Sigmoid, true, true, true); });
+      [&] { kernels::linear_backward(dy, Tensor(), x, w, Activation::Sigmoid, 3, true, true, true); });
   CHECK(test::contains(msg, "output"));
   msg = test::error_message<ValueError>(
-      [&] { kernels::linear_backward(dy, Tensor(), x, Tensor(), Activation::None, true, false, false); });
+      [&] { kernels::linear_backward(dy, Tensor(), x, Tensor(), Activation::None, 3, true, false, false); });
   CHECK(test::contains(msg, "weight"));
   msg = test::error_message<ShapeError>(
-      [&] { kernels::linear_backward(dy, Tensor(), uniform({5, 3}, -1.0, 1.0), w, Activation::None, true, true, true); });
-  CHECK(test::contains(msg, shape_str({5, 3})));
+      [&] { kernels::linear_backward(dy, Tensor(), x, uniform({2, 5}, -1.0, 1.0), Activation::None, 3, true, true, true); });
+  CHECK(test::contains(msg, shape_str({2, 5})));
   // Nothing asked for: nothing computed, nothing needed.
   const kernels::LinearGrads none =
-      kernels::linear_backward(dy, Tensor(), Tensor(), Tensor(), Activation::Relu, false, false, false);
+      kernels::linear_backward(dy, Tensor(), Tensor(), Tensor(), Activation::Relu, 3, false, false, false);
   CHECK_FALSE(none.dx.defined());
 }
