@@ -111,6 +111,11 @@ Tensor linear_activation(const Tensor& x, const Tensor& w, const Tensor& b, Acti
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p = {});
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+// max_pool2d / avg_pool2d (mode) of relu(z) or sigmoid(z) as one op (Note [activation +
+// pooling] in kernels/backend.h): the same values and gradients, the activation never stored
+// (z is saved instead). What a Sequential runs for a ReLU or a Sigmoid followed by a pooling
+// module when fuse_activation_pool() is on.
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p);
 Tensor log_softmax(const Tensor& x);  // over dim 1 of [N, C]
 // PyTorch's softmax(x, dim) / log_softmax(x, dim) for any dim of a tensor of 1 or more dims
 // (autograd/ops_compare.cpp): dim is moved last and the rows go through the log-softmax

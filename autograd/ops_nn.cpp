@@ -94,6 +94,20 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   return pool2d("AvgPool2d", PoolMode::Avg, x, p);
 }
 
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p) {
+  Tensor y = kernels::activation_pool2d(z, act, mode, p);
+  if (autograd::any_requires_grad({&z})) {
+    const bool max = mode == PoolMode::Max;
+    const char* name = act == Activation::Relu      ? (max ? "ReluMaxPool2d" : "ReluAvgPool2d")
+                       : act == Activation::Sigmoid ? (max ? "SigmoidMaxPool2d" : "SigmoidAvgPool2d")
+                                                    : (max ? "MaxPool2d" : "AvgPool2d");
+    record(name, {z}, {y}, [act, mode, p, z = saved(z), y = saved(y)](TensorList&& g) -> TensorList {
+      return {kernels::activation_pool2d_backward(g[0].contiguous(), z, y, act, mode, p)};
+    });
+  }
+  return y;
+}
+
 Tensor log_softmax(const Tensor& x_in) {
   const Tensor x = autocast_float32(x_in);  // float32 under autocast (Note [autocast])
   Tensor y = kernels::log_softmax(x);       // [N, C]

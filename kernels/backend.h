@@ -144,6 +144,31 @@ class Backend {
     return false;
   }
 
+  // Note [activation + pooling]: in a classic CNN (LeNet) a convolution's output goes through
+  // an activation and then a pooling window that tiles it (kernel = stride, no padding). As two
+  // ops that is four passes over the activation (the activation, the pool, and backward the
+  // pool's gradient and the activation's); fused it is one each way: the forward reads z and
+  // writes only the pooled y (the activation is recomputed backward from z, which is saved
+  // instead of it), and the backward writes dz from dy and z directly.
+  //
+  // activation_pool2d_forward: y [N, C, P, Q] = pool(act(z)) for z [N, C, H, W] contiguous,
+  // with the pooling ops' rules (the average over the whole window; the first maximum, a NaN
+  // winning). activation_pool2d_backward: dz (overwritten) = act'(a) * the pooling gradient of
+  // dy at a, a = act(z); dy contiguous. Both return false, having done nothing, where the
+  // backend has no fused kernel (windows that overlap or pad, a dtype or a layout it does not
+  // take): the dispatcher then composes the activation and pooling ops (what the CPU, the
+  // reference, always does).
+  virtual bool activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+                                         const Pool2dParams& p, const Tensor& y) {
+    (void)z, (void)act, (void)mode, (void)p, (void)y;
+    return false;
+  }
+  virtual bool activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act,
+                                          PoolMode mode, const Pool2dParams& p, const Tensor& dz) {
+    (void)dy, (void)z, (void)act, (void)mode, (void)p, (void)dz;
+    return false;
+  }
+
   // x [N, C, H, W], w [K, C, R, S], bias [K] or undefined, y [N, K, P, Q]; all contiguous,
   // or all channels-last where supports_channels_last().
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -295,6 +320,12 @@ bool fuse_conv_bias();
 //   Environment: TANDEM_FUSE_LINEAR_ACT=0 turns it off.
 void set_fuse_linear_activation(bool on);
 bool fuse_linear_activation();
+// fuse_activation_pool (default true): a Sequential's ReLU or Sigmoid followed by an
+//   AvgPool2d or MaxPool2d runs as one op (activation_pool2d; Note [activation + pooling]): the
+//   same values and gradients, the pooling module skipped. Environment: TANDEM_FUSE_ACT_POOL=0
+//   turns it off.
+void set_fuse_activation_pool(bool on);
+bool fuse_activation_pool();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

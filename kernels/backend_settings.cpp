@@ -45,8 +45,14 @@ std::atomic<bool>& fuse_linear_activation_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_LINEAR_ACT", true)};
   return flag;
 }
+std::atomic<bool>& fuse_activation_pool_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_ACT_POOL", true)};
+  return flag;
+}
 }  // namespace
 
+void set_fuse_activation_pool(bool on) { fuse_activation_pool_flag() = on; }
+bool fuse_activation_pool() { return fuse_activation_pool_flag(); }
 void set_fuse_linear_activation(bool on) { fuse_linear_activation_flag() = on; }
 bool fuse_linear_activation() { return fuse_linear_activation_flag(); }
 void set_fuse_bn_relu(bool on) { fuse_bn_relu_flag() = on; }

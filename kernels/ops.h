@@ -70,6 +70,12 @@ Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p);
 Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
                        const Pool2dParams& p);
 
+// pool(act(z)) as one op (Note [activation + pooling] in kernels/backend.h), and its backward
+// from the pooled output y and its gradient dy: dz.
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p);
+Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& y, Activation act,
+                                  PoolMode mode, const Pool2dParams& p);
+
 Tensor log_softmax(const Tensor& x);  // over the last dim of a 2-D tensor
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);
 // Returns {loss [] , log_probs [N, C]}.

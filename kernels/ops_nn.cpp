@@ -265,6 +265,47 @@ Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Te
   return dx;
 }
 
+// ---- activation + pooling (Note [activation + pooling]) ---------------------------------
+
+namespace {
+
+Tensor activate(const Tensor& z, Activation act) {
+  if (act == Activation::None) return z;
+  return unary(act == Activation::Relu ? UnaryOp::Relu : UnaryOp::Sigmoid, z);
+}
+
+}  // namespace
+
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p) {
+  const char* op = pool_name(mode);
+  check_same_device(op, {&z});
+  check_floating(op, z);
+  Tensor y(pool_out_shape(op, z, p), z.dtype(), z.device());
+  if (z.is_contiguous() && backend_for(z.device()).activation_pool2d_forward(z, act, mode, p, y)) return y;
+  return pool2d(mode, activate(z, act), p);  // the composition: the reference's way
+}
+
+Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& y, Activation act,
+                                  PoolMode mode, const Pool2dParams& p) {
+  const char* op = mode == PoolMode::Max ? "max_pool2d_backward" : "avg_pool2d_backward";
+  check_same_device(op, {&dy, &z, &y});
+  check_same_dtype(op, {&dy, &z, &y});
+  check_floating(op, z);
+  const Shape ys = pool_out_shape(op, z, p);
+  check_shape(op, y, ys, "y");
+  check_shape(op, dy, ys, "dy");
+  Tensor dz(z.shape(), z.dtype(), z.device());
+  if (z.is_contiguous() && dy.is_contiguous() &&
+      backend_for(z.device()).activation_pool2d_backward(dy, z, act, mode, p, dz)) {
+    return dz;
+  }
+  // The composition: the gradients the separate ops compute, the same bits.
+  const Tensor a = activate(z, act);
+  const Tensor da = pool2d_backward(mode, a, y, dy, p);
+  if (act == Activation::None) return da;
+  return binary(act == Activation::Relu ? BinaryOp::ReluBackward : BinaryOp::SigmoidBackward, da, a);
+}
+
 // ---- log-softmax and cross-entropy ------------------------------------------------------
 
 Tensor log_softmax(const Tensor& x) {

@@ -7,6 +7,7 @@
 #include "nn/batchnorm.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
+#include "nn/pooling.h"
 
 namespace tandem::nn {
 
@@ -59,6 +60,24 @@ Tensor SequentialImpl::forward_impl(const Tensor& x) {
                                                                              : Activation::None;
       if (act != Activation::None) {
         y = lin->forward_activation(y, act);
+        ++i;
+        continue;
+      }
+    }
+    // A ReLU or a Sigmoid followed by a pooling module runs as one op when
+    // fuse_activation_pool() is on (Note [activation + pooling] in kernels/backend.h).
+    const Activation act = !fuse_activation_pool()                    ? Activation::None
+                           : dynamic_cast<const ReLU*>(&m) != nullptr    ? Activation::Relu
+                           : dynamic_cast<const Sigmoid*>(&m) != nullptr ? Activation::Sigmoid
+                                                                        : Activation::None;
+    if (act != Activation::None) {
+      if (auto* avg = dynamic_cast<AvgPool2d*>(child(i + 1)); avg != nullptr) {
+        y = avg->forward_activation(y, act);
+        ++i;
+        continue;
+      }
+      if (auto* max = dynamic_cast<MaxPool2d*>(child(i + 1)); max != nullptr) {
+        y = max->forward_activation(y, act);
         ++i;
         continue;
       }

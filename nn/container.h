@@ -3,7 +3,9 @@
 // it as one op when fuse_bn_relu() is on: Note [batch norm + ReLU] in kernels/backend.h; a
 // Conv2d's bias added inside the BatchNorm2d after it when fuse_conv_bias() is on:
 // nn::conv_batch_norm; a Linear and the ReLU or Sigmoid after it as one op when
-// fuse_linear_activation() is on: Note [linear + activation]).
+// fuse_linear_activation() is on: Note [linear + activation]; a ReLU or a Sigmoid and the
+// pooling module after it as one op when fuse_activation_pool() is on: Note [activation +
+// pooling]).
 //
 // As in libtorch, nn::Sequential is the holder (Note [module holders] in nn/module.h) of the
 // module class nn::SequentialImpl:

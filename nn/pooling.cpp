@@ -43,6 +43,12 @@ Tensor AvgPool2d::forward_impl(const Tensor& x) {
   return avg_pool2d(x, p_);
 }
 
+Tensor AvgPool2d::forward_activation(const Tensor& z, Activation act) {
+  check_forward_input(z);  // as forward()
+  check_input("AvgPool2d", z, p_);
+  return activation_pool2d(z, act, PoolMode::Avg, p_);
+}
+
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
     : p_(make_params("MaxPool2d", kernel_size, stride, padding)) {}
 
@@ -53,6 +59,12 @@ std::string MaxPool2d::extra_repr() const {
 Tensor MaxPool2d::forward_impl(const Tensor& x) {
   check_input("MaxPool2d", x, p_);
   return max_pool2d(x, p_);
+}
+
+Tensor MaxPool2d::forward_activation(const Tensor& z, Activation act) {
+  check_forward_input(z);  // as forward()
+  check_input("MaxPool2d", z, p_);
+  return activation_pool2d(z, act, PoolMode::Max, p_);
 }
 
 Tensor GlobalAvgPool2d::forward_impl(const Tensor& x) {

@@ -11,6 +11,10 @@ class AvgPool2d : public Cloneable<AvgPool2d> {
  public:
   explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0);
   Pool2dParams params() const { return p_; }
+  // forward(act(z)) as one op (autograd's activation_pool2d): the same values and gradients.
+  // What a Sequential runs for a ReLU or a Sigmoid followed by this module when
+  // fuse_activation_pool() is on (kernels/backend.h).
+  Tensor forward_activation(const Tensor& z, Activation act);
   std::string name() const override { return "AvgPool2d"; }
   std::string extra_repr() const override;
 
@@ -25,6 +29,10 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
  public:
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0);
   Pool2dParams params() const { return p_; }
+  // forward(act(z)) as one op (autograd's activation_pool2d): the same values and gradients.
+  // What a Sequential runs for a ReLU or a Sigmoid followed by this module when
+  // fuse_activation_pool() is on (kernels/backend.h).
+  Tensor forward_activation(const Tensor& z, Activation act);
   std::string name() const override { return "MaxPool2d"; }
   std::string extra_repr() const override;
 

@@ -23,6 +23,7 @@
 // most kMaxRows and M * N * K at most kMaxWork multiply-adds -- where one output per thread
 // still fills the GPU in one short wave; larger layers go to cuBLAS (the dispatcher composes).
 #include "core/device.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -37,22 +38,6 @@ constexpr int kThreads = kTile * kTile;         // 256
 constexpr int kLoads = kTile * kStep / kThreads;  // elements of each operand a thread stages
 constexpr int64_t kMaxRows = 4096;              // M: the weight gradient's reduction length
 constexpr int64_t kMaxWork = int64_t{1} << 24;  // M * N * K multiply-adds
-
-template <typename T, Activation A>
-__device__ T activate(T z) {
-  if constexpr (A == Activation::Relu) return z > T(0) ? z : T(0);
-  if constexpr (A == Activation::Sigmoid) return T(1) / (T(1) + d_exp(-z));
-  return z;
-}
-
-// dz from the output's gradient g and the output y, as BinaryOp::ReluBackward and
-// SigmoidBackward compute it.
-template <typename T, Activation A>
-__device__ T activation_grad(T g, T y) {
-  if constexpr (A == Activation::Relu) return y > T(0) ? g : T(0);
-  if constexpr (A == Activation::Sigmoid) return g * y * (T(1) - y);
-  return g;
-}
 
 // The three passes are one pattern, out[r, c] = sum over t of a(r, t) * b(c, t):
 //   Forward     r < m, c < n, t < k: a = x[r, t], b = w[c, t]; out = y = act(sum + bias[c])
@@ -177,16 +162,6 @@ __global__ void __launch_bounds__(kThreads) linear_pass_kernel(const LinearArgs<
 bool fused_linear_applies(DType dt, int64_t m, int64_t n, int64_t k) {
   return (dt == kFloat32 || dt == kFloat64) && m >= 1 && n >= 1 && k >= 1 && m <= kMaxRows &&
          m * n * k <= kMaxWork;
-}
-
-// Calls fn(std::integral_constant<Activation, act>) for the runtime act.
-template <typename Fn>
-void dispatch_activation(Activation act, Fn&& fn) {
-  switch (act) {
-    case Activation::None: return fn(std::integral_constant<Activation, Activation::None>{});
-    case Activation::Relu: return fn(std::integral_constant<Activation, Activation::Relu>{});
-    case Activation::Sigmoid: return fn(std::integral_constant<Activation, Activation::Sigmoid>{});
-  }
 }
 
 dim3 tiles(int64_t cols, int64_t rows) {

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "core/device.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_util.h"
@@ -112,8 +113,150 @@ __global__ void max_pool_backward_kernel(const T* x, const T* dy, T* dx, int64_t
   }
 }
 
+// Note [activation + pooling] (kernels/backend.h), for windows that tile the input (kernel =
+// stride, no padding): one thread per output forward, one per input backward, the activation
+// recomputed from z. The arithmetic is the CPU's (kernels/cpu/pool.cpp): a window's average
+// adds each column's rows first, then the columns, and multiplies by 1 / area; its maximum is
+// the first in row-major order, a NaN winning.
+struct TileGeom {
+  int64_t planes;  // N * C
+  int h, w, p, q, kh, kw;
+};
+
+template <typename T, Activation A, PoolMode M>
+__global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __restrict__ y, TileGeom g) {
+  const int64_t total = g.planes * g.p * g.q;
+  const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
+  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int qi = static_cast<int>(o % g.q), pi = static_cast<int>((o / g.q) % g.p);
+    const int64_t plane = o / (static_cast<int64_t>(g.p) * g.q);
+    const T* zp = z + (plane * g.h + static_cast<int64_t>(pi) * g.kh) * g.w + static_cast<int64_t>(qi) * g.kw;
+    T out;
+    if constexpr (M == PoolMode::Avg) {
+      T sum = 0;
+      for (int s = 0; s < g.kw; ++s) {
+        T col = activate<T, A>(zp[s]);
+        for (int r = 1; r < g.kh; ++r) col += activate<T, A>(zp[r * g.w + s]);
+        sum = s == 0 ? col : sum + col;
+      }
+      out = sum * inv_area;
+    } else {
+      out = -static_cast<T>(INFINITY);
+      bool nan = false;
+      for (int r = 0; r < g.kh && !nan; ++r) {
+        for (int s = 0; s < g.kw && !nan; ++s) {
+          const T v = activate<T, A>(zp[r * g.w + s]);
+          if (v > out || v != v) out = v, nan = v != v;
+        }
+      }
+    }
+    y[o] = out;
+  }
+}
+
+template <typename T, Activation A, PoolMode M>
+__global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ z,
+                                                T* __restrict__ dz, TileGeom g) {
+  const int64_t total = g.planes * g.h * g.w;
+  const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int wi = static_cast<int>(i % g.w), hi = static_cast<int>((i / g.w) % g.h);
+    const int64_t plane = i / (static_cast<int64_t>(g.h) * g.w);
+    const int pi = hi / g.kh, qi = wi / g.kw;
+    if (pi >= g.p || qi >= g.q) {  // in no window
+      dz[i] = T(0);
+      continue;
+    }
+    const T g_out = dy[(plane * g.p + pi) * g.q + qi];
+    const T a = activate<T, A>(z[i]);
+    T da;
+    if constexpr (M == PoolMode::Avg) {
+      da = g_out * inv_area;
+    } else {
+      // Whether this element is its window's first maximum.
+      const T* zp = z + (plane * g.h + static_cast<int64_t>(pi) * g.kh) * g.w + static_cast<int64_t>(qi) * g.kw;
+      T best = -static_cast<T>(INFINITY);
+      int best_r = 0, best_s = 0;
+      bool nan = false;
+      for (int r = 0; r < g.kh && !nan; ++r) {
+        for (int s = 0; s < g.kw && !nan; ++s) {
+          const T v = activate<T, A>(zp[r * g.w + s]);
+          if (v > best || v != v) best = v, best_r = r, best_s = s, nan = v != v;
+        }
+      }
+      da = best_r == hi - pi * g.kh && best_s == wi - qi * g.kw ? g_out : T(0);
+    }
+    dz[i] = activation_grad<T, A>(da, a);
+  }
+}
+
+bool tiles_without_padding(const Pool2dParams& p) {
+  return p.kernel_h == p.stride_h && p.kernel_w == p.stride_w && p.pad_h == 0 && p.pad_w == 0;
+}
+
+TileGeom tile_geom(const Tensor& x, const Pool2dParams& p) {
+  const int64_t ph = x.size(2) / p.kernel_h, pw = x.size(3) / p.kernel_w;
+  return {x.size(0) * x.size(1), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)), static_cast<int>(ph),
+          static_cast<int>(pw), static_cast<int>(p.kernel_h), static_cast<int>(p.kernel_w)};
+}
+
+// Calls fn(mode as a constant).
+template <typename Fn>
+void dispatch_pool_mode(PoolMode mode, Fn&& fn) {
+  if (mode == PoolMode::Max) return fn(std::integral_constant<PoolMode, PoolMode::Max>{});
+  return fn(std::integral_constant<PoolMode, PoolMode::Avg>{});
+}
+
 }  // namespace
 }  // namespace gpu
+
+bool CudaBackend::activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+                                            const Pool2dParams& p, const Tensor& y) {
+  if (!gpu::tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
+      z.numel() >= (int64_t{1} << 31)) {
+    return false;
+  }
+  if (y.numel() == 0) return true;
+  DeviceGuard guard(z.device());
+  const gpu::TileGeom g = gpu::tile_geom(z, p);
+  dispatch_floating(z.dtype(), "activation_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gpu::dispatch_activation(act, [&](auto a) {
+      gpu::dispatch_pool_mode(mode, [&](auto m) {
+        gpu::activation_pool_forward_kernel<T, decltype(a)::value, decltype(m)::value>
+            <<<gpu::grid_for(y.numel()), gpu::kBlock, 0, current_cuda_stream(z.device())>>>(gpu::cptr<T>(z),
+                                                                                        gpu::ptr<T>(y), g);
+        TANDEM_CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+  return true;
+}
+
+bool CudaBackend::activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act, PoolMode mode,
+                                             const Pool2dParams& p, const Tensor& dz) {
+  if (!gpu::tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
+      z.numel() >= (int64_t{1} << 31)) {
+    return false;
+  }
+  if (z.numel() == 0) return true;
+  DeviceGuard guard(z.device());
+  const gpu::TileGeom g = gpu::tile_geom(z, p);
+  dispatch_floating(z.dtype(), "activation_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gpu::dispatch_activation(act, [&](auto a) {
+      gpu::dispatch_pool_mode(mode, [&](auto m) {
+        gpu::activation_pool_backward_kernel<T, decltype(a)::value, decltype(m)::value>
+            <<<gpu::grid_for(z.numel()), gpu::kBlock, 0, current_cuda_stream(z.device())>>>(
+                gpu::cptr<T>(dy), gpu::cptr<T>(z), gpu::ptr<T>(dz), g);
+        TANDEM_CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+  return true;
+}
 
 void CudaBackend::pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,
                                  const Tensor& y) {
