@@ -119,33 +119,33 @@ __global__ void max_pool_backward_kernel(const T* x, const T* dy, T* dx, int64_t
 // adds each column's rows first, then the columns, and multiplies by 1 / area; its maximum is
 // the first in row-major order, a NaN winning.
 struct TileGeom {
-  int64_t planes;  // N * C
-  int h, w, p, q, kh, kw;
+  unsigned planes;  // N * C
+  unsigned h, w, p, q, kh, kw;
 };
 
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __restrict__ y, TileGeom g) {
-  const int64_t total = g.planes * g.p * g.q;
+  // 32-bit indices (the dispatcher keeps z below 2^31 elements): 64-bit division is several
+  // times slower, and these kernels are mostly index arithmetic.
+  const unsigned total = g.planes * g.p * g.q;
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
-  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < total;
-       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int qi = static_cast<int>(o % g.q), pi = static_cast<int>((o / g.q) % g.p);
-    const int64_t plane = o / (static_cast<int64_t>(g.p) * g.q);
-    const T* zp = z + (plane * g.h + static_cast<int64_t>(pi) * g.kh) * g.w + static_cast<int64_t>(qi) * g.kw;
+  for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
+    const unsigned qi = o % g.q, rest = o / g.q, pi = rest % g.p, plane = rest / g.p;
+    const T* zp = z + (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
     T out;
     if constexpr (M == PoolMode::Avg) {
       T sum = 0;
-      for (int s = 0; s < g.kw; ++s) {
+      for (unsigned s = 0; s < g.kw; ++s) {
         T col = activate<T, A>(zp[s]);
-        for (int r = 1; r < g.kh; ++r) col += activate<T, A>(zp[r * g.w + s]);
+        for (unsigned r = 1; r < g.kh; ++r) col += activate<T, A>(zp[r * g.w + s]);
         sum = s == 0 ? col : sum + col;
       }
       out = sum * inv_area;
     } else {
       out = -static_cast<T>(INFINITY);
       bool nan = false;
-      for (int r = 0; r < g.kh && !nan; ++r) {
-        for (int s = 0; s < g.kw && !nan; ++s) {
+      for (unsigned r = 0; r < g.kh && !nan; ++r) {
+        for (unsigned s = 0; s < g.kw && !nan; ++s) {
           const T v = activate<T, A>(zp[r * g.w + s]);
           if (v > out || v != v) out = v, nan = v != v;
         }
@@ -158,13 +158,11 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __res
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ z,
                                                 T* __restrict__ dz, TileGeom g) {
-  const int64_t total = g.planes * g.h * g.w;
+  const unsigned total = g.planes * g.h * g.w;
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int wi = static_cast<int>(i % g.w), hi = static_cast<int>((i / g.w) % g.h);
-    const int64_t plane = i / (static_cast<int64_t>(g.h) * g.w);
-    const int pi = hi / g.kh, qi = wi / g.kw;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const unsigned wi = i % g.w, rest = i / g.w, hi = rest % g.h, plane = rest / g.h;
+    const unsigned pi = hi / g.kh, qi = wi / g.kw;
     if (pi >= g.p || qi >= g.q) {  // in no window
       dz[i] = T(0);
       continue;
@@ -176,12 +174,12 @@ __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const 
       da = g_out * inv_area;
     } else {
       // Whether this element is its window's first maximum.
-      const T* zp = z + (plane * g.h + static_cast<int64_t>(pi) * g.kh) * g.w + static_cast<int64_t>(qi) * g.kw;
+      const T* zp = z + (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
       T best = -static_cast<T>(INFINITY);
-      int best_r = 0, best_s = 0;
+      unsigned best_r = 0, best_s = 0;
       bool nan = false;
-      for (int r = 0; r < g.kh && !nan; ++r) {
-        for (int s = 0; s < g.kw && !nan; ++s) {
+      for (unsigned r = 0; r < g.kh && !nan; ++r) {
+        for (unsigned s = 0; s < g.kw && !nan; ++s) {
           const T v = activate<T, A>(zp[r * g.w + s]);
           if (v > best || v != v) best = v, best_r = r, best_s = s, nan = v != v;
         }
@@ -197,9 +195,9 @@ bool tiles_without_padding(const Pool2dParams& p) {
 }
 
 TileGeom tile_geom(const Tensor& x, const Pool2dParams& p) {
-  const int64_t ph = x.size(2) / p.kernel_h, pw = x.size(3) / p.kernel_w;
-  return {x.size(0) * x.size(1), static_cast<int>(x.size(2)), static_cast<int>(x.size(3)), static_cast<int>(ph),
-          static_cast<int>(pw), static_cast<int>(p.kernel_h), static_cast<int>(p.kernel_w)};
+  const auto u = [](int64_t v) { return static_cast<unsigned>(v); };
+  return {u(x.size(0) * x.size(1)), u(x.size(2)), u(x.size(3)), u(x.size(2) / p.kernel_h),
+          u(x.size(3) / p.kernel_w), u(p.kernel_h), u(p.kernel_w)};
 }
 
 // Calls fn(mode as a constant).
