@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-build_gpu bench_train tandem_kernel_timeline ${TESTS:+tandem_tests} || exit 1
+build_gpu bench_train tandem_kernel_timeline $([ "$TESTS" = 1 ] && echo tandem_tests) || exit 1
 B=./build-gpu
 if [ "$TESTS" = 1 ]; then
   for tag in "*linear*,*pool*" "[cuda]"; do
