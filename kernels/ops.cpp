@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/activation_ops.h"
+
 namespace tandem::kernels {
 
 namespace {
@@ -393,7 +395,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   be.gemm(tx, tw, 1.0, gx, gw, 0.0, y);
   if (bias.defined()) binary_(BinaryOp::Add, y, bias);
   if (act != Activation::None) {
-    be.unary(act == Activation::Relu ? UnaryOp::Relu : UnaryOp::Sigmoid, y, y);
+    be.unary(activation_forward_op(act), y, y);
   }
   return y;
 }
@@ -436,10 +438,7 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, 
   Backend& be = backend_for(dy.device());
   if (be.linear_backward(dyc, yc, xc, wc, act, in_features, g.dx, g.dw, g.db)) return g;
   // The composition: the gradients the separate ops would compute, the same bits.
-  const Tensor dz = act == Activation::None
-                        ? dyc
-                        : binary(act == Activation::Relu ? BinaryOp::ReluBackward : BinaryOp::SigmoidBackward,
-                                 dyc, yc);
+  const Tensor dz = act == Activation::None ? dyc : binary(activation_backward_op(act), dyc, yc);
   if (need_dx) be.gemm(false, false, 1.0, dz, wc, 0.0, g.dx);
   if (need_dw) be.gemm(true, false, 1.0, dz, xc, 0.0, g.dw);
   if (need_db) g.db = sum(dz, {0});

@@ -3,6 +3,8 @@
 // allocate on the inputs' device, make inputs contiguous where the backend needs it, dispatch.
 #include "kernels/ops.h"
 
+#include "kernels/activation_ops.h"
+
 namespace tandem::kernels {
 
 namespace {
@@ -271,7 +273,7 @@ namespace {
 
 Tensor activate(const Tensor& z, Activation act) {
   if (act == Activation::None) return z;
-  return unary(act == Activation::Relu ? UnaryOp::Relu : UnaryOp::Sigmoid, z);
+  return unary(activation_forward_op(act), z);
 }
 
 }  // namespace
@@ -303,7 +305,7 @@ Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tenso
   const Tensor a = activate(z, act);
   const Tensor da = pool2d_backward(mode, a, y, dy, p);
   if (act == Activation::None) return da;
-  return binary(act == Activation::Relu ? BinaryOp::ReluBackward : BinaryOp::SigmoidBackward, da, a);
+  return binary(activation_backward_op(act), da, a);
 }
 
 // ---- log-softmax and cross-entropy ------------------------------------------------------
