@@ -239,13 +239,23 @@ void check_bn_bias(const char* op, const Tensor& x, const Tensor& bias) {
 // Note [bfloat16 pooling]: pooling has no bfloat16 kernels; a bfloat16 input is pooled in
 // float32 and the result rounded once (exact for max pooling; the average is one rounding of
 // the float32 average), on every backend.
+namespace {
+// pool2d of a checked x into y [pool_out_shape], of x's dtype.
+void pool2d_into(PoolMode mode, const Tensor& x, const Pool2dParams& p, const Tensor& y) {
+  if (x.dtype() == kBFloat16) {  // Note [bfloat16 pooling]
+    y.copy_(pool2d(mode, x.to(kFloat32), p));
+    return;
+  }
+  backend_for(x.device()).pool2d_forward(mode, x.contiguous(), p, y);
+}
+}  // namespace
+
 Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p) {
   const char* op = pool_name(mode);
   check_same_device(op, {&x});
   check_floating(op, x);
-  if (x.dtype() == kBFloat16) return pool2d(mode, x.to(kFloat32), p).to(kBFloat16);
   Tensor y(pool_out_shape(op, x, p), x.dtype(), x.device());
-  backend_for(x.device()).pool2d_forward(mode, x.contiguous(), p, y);
+  pool2d_into(mode, x, p, y);
   return y;
 }
 
@@ -284,7 +294,8 @@ Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const P
   check_floating(op, z);
   Tensor y(pool_out_shape(op, z, p), z.dtype(), z.device());
   if (z.is_contiguous() && backend_for(z.device()).activation_pool2d_forward(z, act, mode, p, y)) return y;
-  return pool2d(mode, activate(z, act), p);  // the composition: the reference's way
+  pool2d_into(mode, activate(z, act), p, y);  // the composition, the reference's way, into the same y
+  return y;
 }
 
 Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& y, Activation act,
