@@ -48,6 +48,7 @@ enum class Pass { Forward, InputGrad, WeightGrad };
 
 template <typename T>
 struct LinearArgs {
+  using type = T;  // the element type, for the entry points' generic lambdas
   const T* dy;    // [m, n] (backward)
   const T* y;     // [m, n] (backward, activations)
   const T* x;     // [m, k]
@@ -168,63 +169,69 @@ dim3 tiles(int64_t cols, int64_t rows) {
   return dim3(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
 }
 
+// Launches pass P over an output of rows x cols, one thread per output in 16 x 16 tiles.
+template <typename T, Activation A, Pass P>
+void launch_pass(const LinearArgs<T>& a, int64_t cols, int64_t rows, cudaStream_t stream) {
+  linear_pass_kernel<T, A, P><<<tiles(cols, rows), kThreads, 0, stream>>>(a);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// The frame of both entry points: false, having done nothing, where the fused kernels do not
+// apply to a layer of [m, k] -> [m, n] in t's dtype; otherwise, on t's device,
+// fn(args with m, n and k set, the activation as a constant, the stream) for that dtype.
+template <typename Fn>
+bool with_fused_linear(const char* op, const Tensor& t, Activation act, int64_t m, int64_t n,
+                       int64_t k, Fn&& fn) {
+  if (!fused_linear_applies(t.dtype(), m, n, k)) return false;
+  DeviceGuard guard(t.device());
+  cudaStream_t stream = current_cuda_stream(t.device());
+  dispatch_floating(t.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    LinearArgs<T> a{};
+    a.m = static_cast<int>(m), a.n = static_cast<int>(n), a.k = static_cast<int>(k);
+    dispatch_activation(act, [&](auto c) { fn(a, c, stream); });
+  });
+  return true;
+}
+
 }  // namespace
 }  // namespace gpu
 
 bool CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
                                  const Tensor& y) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  if (!gpu::fused_linear_applies(x.dtype(), m, n, k)) return false;
-  DeviceGuard guard(x.device());
-  cudaStream_t stream = current_cuda_stream(x.device());
-  dispatch_floating(x.dtype(), "linear", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    gpu::LinearArgs<T> a{};
+  const auto launch = [&](auto a, auto c, cudaStream_t stream) {
+    using T = typename decltype(a)::type;
     a.x = gpu::cptr<T>(x), a.w = gpu::cptr<T>(w), a.bias = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
     a.out = gpu::ptr<T>(y);
-    a.m = static_cast<int>(m), a.n = static_cast<int>(n), a.k = static_cast<int>(k);
-    gpu::dispatch_activation(act, [&](auto c) {
-      gpu::linear_pass_kernel<T, decltype(c)::value, gpu::Pass::Forward>
-          <<<gpu::tiles(n, m), gpu::kThreads, 0, stream>>>(a);
-      TANDEM_CUDA_CHECK_LAUNCH();
-    });
-  });
-  return true;
+    gpu::launch_pass<T, decltype(c)::value, gpu::Pass::Forward>(a, n, m, stream);
+  };
+  return gpu::with_fused_linear("linear", x, act, m, n, k, launch);
 }
 
 bool CudaBackend::linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
                                   Activation act, int64_t in_features, const Tensor& dx, const Tensor& dw,
                                   const Tensor& db) {
   const int64_t m = dy.size(0), n = dy.size(1), k = in_features;
-  if (!gpu::fused_linear_applies(dy.dtype(), m, n, k)) return false;
-  DeviceGuard guard(dy.device());
-  cudaStream_t stream = current_cuda_stream(dy.device());
-  dispatch_floating(dy.dtype(), "linear_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    gpu::LinearArgs<T> a{};
+  const auto launch = [&](auto a, auto c, cudaStream_t stream) {
+    using T = typename decltype(a)::type;
+    constexpr Activation A = decltype(c)::value;
     a.dy = gpu::cptr<T>(dy), a.y = act == Activation::None ? nullptr : gpu::cptr<T>(y);
-    a.m = static_cast<int>(m), a.n = static_cast<int>(n), a.k = static_cast<int>(k);
-    gpu::dispatch_activation(act, [&](auto c) {
-      constexpr Activation A = decltype(c)::value;
-      if (dx.defined()) {
-        gpu::LinearArgs<T> g = a;
-        g.w = gpu::cptr<T>(w), g.out = gpu::ptr<T>(dx);
-        gpu::linear_pass_kernel<T, A, gpu::Pass::InputGrad><<<gpu::tiles(k, m), gpu::kThreads, 0, stream>>>(g);
-        TANDEM_CUDA_CHECK_LAUNCH();
-      }
-      if (dw.defined() || db.defined()) {
-        gpu::LinearArgs<T> g = a;
-        g.x = dw.defined() ? gpu::cptr<T>(x) : nullptr, g.out = dw.defined() ? gpu::ptr<T>(dw) : nullptr;
-        g.db = db.defined() ? gpu::ptr<T>(db) : nullptr;
-        g.first = dw.defined() ? 0 : a.k;
-        g.last = db.defined() ? a.k + 1 : a.k;
-        gpu::linear_pass_kernel<T, A, gpu::Pass::WeightGrad>
-            <<<gpu::tiles(g.last - g.first, n), gpu::kThreads, 0, stream>>>(g);
-        TANDEM_CUDA_CHECK_LAUNCH();
-      }
-    });
-  });
-  return true;
+    if (dx.defined()) {
+      gpu::LinearArgs<T> g = a;
+      g.w = gpu::cptr<T>(w), g.out = gpu::ptr<T>(dx);
+      gpu::launch_pass<T, A, gpu::Pass::InputGrad>(g, k, m, stream);
+    }
+    if (dw.defined() || db.defined()) {
+      gpu::LinearArgs<T> g = a;
+      g.x = dw.defined() ? gpu::cptr<T>(x) : nullptr, g.out = dw.defined() ? gpu::ptr<T>(dw) : nullptr;
+      g.db = db.defined() ? gpu::ptr<T>(db) : nullptr;
+      g.first = dw.defined() ? 0 : a.k;
+      g.last = db.defined() ? a.k + 1 : a.k;
+      gpu::launch_pass<T, A, gpu::Pass::WeightGrad>(g, g.last - g.first, n, stream);
+    }
+  };
+  return gpu::with_fused_linear("linear_backward", dy, act, m, n, k, launch);
 }
 
 }  // namespace tandem

@@ -207,25 +207,34 @@ void dispatch_pool_mode(PoolMode mode, Fn&& fn) {
   return fn(std::integral_constant<PoolMode, PoolMode::Avg>{});
 }
 
-}  // namespace
-}  // namespace gpu
-
-bool CudaBackend::activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
-                                            const Pool2dParams& p, const Tensor& y) {
-  if (!gpu::tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
+// The launcher of both passes: false, having done nothing, where the fused kernels do not
+// apply; otherwise the kernel of the pass, dtype, activation and mode, one thread per element
+// of y forward and of z (dz's shape) backward. dy is read only backward.
+template <bool Backward>
+bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, Activation act,
+                            PoolMode mode, const Pool2dParams& p, const Tensor& out) {
+  if (!tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
       z.numel() >= (int64_t{1} << 31)) {
     return false;
   }
-  if (y.numel() == 0) return true;
+  const int64_t total = Backward ? z.numel() : out.numel();
+  if (total == 0) return true;
   DeviceGuard guard(z.device());
-  const gpu::TileGeom g = gpu::tile_geom(z, p);
-  dispatch_floating(z.dtype(), "activation_pool2d", [&](auto tag) {
+  const TileGeom g = tile_geom(z, p);
+  dispatch_floating(z.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::dispatch_activation(act, [&](auto a) {
-      gpu::dispatch_pool_mode(mode, [&](auto m) {
-        gpu::activation_pool_forward_kernel<T, decltype(a)::value, decltype(m)::value>
-            <<<gpu::grid_for(y.numel()), gpu::kBlock, 0, current_cuda_stream(z.device())>>>(gpu::cptr<T>(z),
-                                                                                        gpu::ptr<T>(y), g);
+    dispatch_activation(act, [&](auto a) {
+      dispatch_pool_mode(mode, [&](auto m) {
+        constexpr Activation A = decltype(a)::value;
+        constexpr PoolMode M = decltype(m)::value;
+        cudaStream_t stream = current_cuda_stream(z.device());
+        if constexpr (Backward) {
+          activation_pool_backward_kernel<T, A, M><<<grid_for(total), kBlock, 0, stream>>>(
+              cptr<T>(dy), cptr<T>(z), ptr<T>(out), g);
+        } else {
+          activation_pool_forward_kernel<T, A, M><<<grid_for(total), kBlock, 0, stream>>>(
+              cptr<T>(z), ptr<T>(out), g);
+        }
         TANDEM_CUDA_CHECK_LAUNCH();
       });
     });
@@ -233,27 +242,17 @@ bool CudaBackend::activation_pool2d_forward(const Tensor& z, Activation act, Poo
   return true;
 }
 
+}  // namespace
+}  // namespace gpu
+
+bool CudaBackend::activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+                                            const Pool2dParams& p, const Tensor& y) {
+  return gpu::launch_activation_pool<false>("activation_pool2d", Tensor(), z, act, mode, p, y);
+}
+
 bool CudaBackend::activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act, PoolMode mode,
                                              const Pool2dParams& p, const Tensor& dz) {
-  if (!gpu::tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
-      z.numel() >= (int64_t{1} << 31)) {
-    return false;
-  }
-  if (z.numel() == 0) return true;
-  DeviceGuard guard(z.device());
-  const gpu::TileGeom g = gpu::tile_geom(z, p);
-  dispatch_floating(z.dtype(), "activation_pool2d_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    gpu::dispatch_activation(act, [&](auto a) {
-      gpu::dispatch_pool_mode(mode, [&](auto m) {
-        gpu::activation_pool_backward_kernel<T, decltype(a)::value, decltype(m)::value>
-            <<<gpu::grid_for(z.numel()), gpu::kBlock, 0, current_cuda_stream(z.device())>>>(
-                gpu::cptr<T>(dy), gpu::cptr<T>(z), gpu::ptr<T>(dz), g);
-        TANDEM_CUDA_CHECK_LAUNCH();
-      });
-    });
-  });
-  return true;
+  return gpu::launch_activation_pool<true>("activation_pool2d_backward", dy, z, act, mode, p, dz);
 }
 
 void CudaBackend::pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,
