@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/launch_process.h"
+#include "parallel/distributed/launch_relay.h"
 #include "parallel/distributed/store.h"
 
 extern char** environ;
@@ -36,19 +37,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Writes everything, retrying on EINTR; gives up silently when the reader is gone (the
-// launcher must keep supervising even if nobody reads its output any more).
-void write_all(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
+using detail::Relay;
+using detail::write_all;
 
 void say(const std::string& line) {
   const std::string text = "tandem-run: " + line + "\n";
@@ -182,63 +172,6 @@ class SignalScope {
   int read_fd_ = -1;
   bool pipe_was_default_ = false;
   std::vector<std::pair<int, struct sigaction>> saved_;
-};
-
-// One worker stream (a pipe, or a pseudo-terminal's master): relays complete lines, each with
-// the rank's prefix.
-struct Relay {
-  int fd = -1;  // read end, non-blocking; -1 once closed
-  int target = STDOUT_FILENO;
-  std::string prefix;
-  std::string pending;  // bytes after the last '\n'
-
-  // Reads whatever is there now; at EOF (EIO on a pseudo-terminal whose last slave closed)
-  // flushes a last partial line and closes.
-  void pump() {
-    char buf[65536];
-    while (fd >= 0) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n > 0) {
-        pending.append(buf, static_cast<size_t>(n));
-        emit_lines();
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        return;
-      } else {
-        close();  // EOF or a read error
-      }
-    }
-  }
-  void close() {
-    if (fd < 0) return;
-    ::close(fd);
-    fd = -1;
-    if (!pending.empty()) {
-      const std::string text = prefix + pending + "\n";
-      write_all(target, text.data(), text.size());
-      pending.clear();
-    }
-  }
-
- private:
-  // One write() for all the complete lines of a read, so lines of different workers interleave
-  // only at line boundaries. A line longer than 64 KiB is cut, so that a worker printing
-  // without newlines cannot grow the buffer without bound.
-  void emit_lines() {
-    std::string text;
-    size_t start = 0, nl;
-    while ((nl = pending.find('\n', start)) != std::string::npos) {
-      text.append(prefix).append(pending, start, nl + 1 - start);
-      start = nl + 1;
-    }
-    pending.erase(0, start);
-    if (pending.size() > 65536) {
-      text.append(prefix).append(pending).append("\n");
-      pending.clear();
-    }
-    if (!text.empty()) write_all(target, text.data(), text.size());
-  }
 };
 
 // Note [reaped workers are never signalled]: a worker's pid is its process group's id, and

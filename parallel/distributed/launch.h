@@ -35,7 +35,7 @@
 // iostreams and Python line-buffer it and the ranks' lines arrive as they are printed, not at
 // exit (Note [line-buffered workers] in launch_process.h; isatty(1) is true in a worker, as
 // under mpirun); its stderr is a pipe. Without prefix_output, workers write to the launcher's
-// streams directly.
+// streams directly. The relay itself is launch_relay.h.
 //
 // Workers are started with vfork and exec: the launcher's memory is never duplicated and the
 // child makes only system calls before exec, so calling these from a process that already
