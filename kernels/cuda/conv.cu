@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/conv_direct.h"
+#include "kernels/cuda/conv_rows.h"
 #include "kernels/cuda/cudnn_util.h"
 #include "kernels/cuda/handles.h"
 
@@ -282,6 +283,10 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Conv2dParams& p, const Tensor& y) {
   if (y.numel() == 0) return;
   DeviceGuard guard(x.device());
+  if (gpu::row_conv_applies(gpu::RowPass::Forward, x, w, y, p)) {  // Note [row convolution]
+    gpu::row_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
+    return;
+  }
   if (gpu::direct_conv_applies(gpu::DirectPass::Forward, x, w, y, p)) {  // Note [direct convolution]
     gpu::direct_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
     return;
@@ -304,6 +309,10 @@ void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const
     fill(dx, 0.0);
     return;
   }
+  if (gpu::row_conv_applies(gpu::RowPass::BackwardInput, dx, w, dy, p)) {
+    gpu::row_conv_backward_input(dy, w, p, dx, current_cuda_stream(dx.device()));
+    return;
+  }
   dispatch_floating_bf16(dx.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gpu::convolve<gpu::BwdDataPass, T>(dx.device(), dx, w, dy, p);
@@ -316,6 +325,10 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
   if (x.numel() == 0 || dy.numel() == 0) {  // an empty batch contributes nothing
     if (dw.numel() > 0) fill(dw, 0.0);
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
+    return;
+  }
+  if (gpu::row_conv_applies(gpu::RowPass::BackwardWeight, x, dw, dy, p)) {
+    gpu::row_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
   if (gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, p)) {
