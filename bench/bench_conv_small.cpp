@@ -8,7 +8,9 @@
 // kernels' time, their largest difference from cuDNN's result relative to its largest value.
 // "-" where a kernel does not take the pass.
 //
-//   bench_conv_small [--batch N] [--runs R]
+//   bench_conv_small [--batch N] [--runs R] [--layer conv1|conv2] [--pass fwd|dgrad|wgrad]
+//
+// --layer and --pass keep one layer or pass (to profile one kernel).
 //
 // Exit 2 on bad arguments, 1 on a failure (a CUDA or cuDNN error, no GPU).
 #include <algorithm>
@@ -99,12 +101,20 @@ struct Layer {
 
 int main(int argc, char** argv) {
   int64_t batch = 256;
+  std::string only_layer, only_pass;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) {
       batch = bench::positive(kProgram, a, argv[++i]);
     } else if (a == "--runs" && i + 1 < argc) {
       runs = static_cast<int>(bench::positive(kProgram, a, argv[++i]));
+    } else if (a == "--layer" && i + 1 < argc) {
+      only_layer = argv[++i];
+      if (only_layer != "conv1" && only_layer != "conv2") bench::usage(kProgram, "--layer " + only_layer + " is not conv1 or conv2");
+    } else if (a == "--pass" && i + 1 < argc) {
+      only_pass = argv[++i];
+      if (only_pass != "fwd" && only_pass != "dgrad" && only_pass != "wgrad")
+        bench::usage(kProgram, "--pass " + only_pass + " is not fwd, dgrad or wgrad");
     } else {
       bench::usage(kProgram, "unknown argument " + a);
     }
@@ -120,6 +130,7 @@ int main(int argc, char** argv) {
                 "direct", "rows", "rows err");
     cudaStream_t s = current_cuda_stream(kGpu);
     for (const Layer& L : layers) {
+      if (!only_layer.empty() && std::string(L.name).rfind(only_layer, 0) != 0) continue;
       const Tensor x = uniform(L.x, -1.0, 1.0, kFloat32).to(kGpu), w = uniform(L.w, -1.0, 1.0, kFloat32).to(kGpu);
       const Tensor b = uniform({L.w[0]}, -1.0, 1.0, kFloat32).to(kGpu);
       set_direct_conv(false);
@@ -131,6 +142,7 @@ int main(int argc, char** argv) {
       Tensor dw = empty(L.w, kFloat32, kGpu), db = empty({L.w[0]}, kFloat32, kGpu);
       for (int pass = 0; pass < 3; ++pass) {
         const char* pname = pass == 0 ? "fwd" : pass == 1 ? "dgrad" : "wgrad";
+        if (!only_pass.empty() && only_pass != pname) continue;
         double cudnn[2] = {-1, -1};
         for (int timed = 0; timed < 2; ++timed) {
           set_direct_conv(false);
@@ -148,15 +160,15 @@ int main(int argc, char** argv) {
           direct = graph_us([&] { gpu::direct_conv_forward(x, w, b, L.p, y, s); });
         if (pass == 2 && gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, L.p))
           direct = graph_us([&] { gpu::direct_conv_backward_weight(x, dy, L.p, dw, db, s); });
-        if (pass == 0 && gpu::row_conv_applies(gpu::RowPass::Forward, x, w, y, L.p)) {
+        if (pass == 0 && gpu::row_conv_fits(gpu::RowPass::Forward, x, w, y, L.p)) {
           rows = graph_us([&] { gpu::row_conv_forward(x, w, b, L.p, y, s); });
           err = relative_error(y, y_ref);
         }
-        if (pass == 1 && gpu::row_conv_applies(gpu::RowPass::BackwardInput, dx, w, dy, L.p)) {
+        if (pass == 1 && gpu::row_conv_fits(gpu::RowPass::BackwardInput, dx, w, dy, L.p)) {
           rows = graph_us([&] { gpu::row_conv_backward_input(dy, w, L.p, dx, s); });
           err = relative_error(dx, dx_ref);
         }
-        if (pass == 2 && gpu::row_conv_applies(gpu::RowPass::BackwardWeight, x, dw, dy, L.p)) {
+        if (pass == 2 && gpu::row_conv_fits(gpu::RowPass::BackwardWeight, x, dw, dy, L.p)) {
           rows = graph_us([&] { gpu::row_conv_backward_weight(x, dy, L.p, dw, db, s); });
           err = std::max(relative_error(dw, dw_ref), relative_error(db, db_ref));
         }

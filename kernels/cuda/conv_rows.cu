@@ -35,6 +35,8 @@
 // kernels of conv_direct.cu or to cuDNN (conv.cu decides); direct_conv() off
 // (TANDEM_DIRECT_CONV=0) sends every layer to cuDNN.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/device.h"
 #include "kernels/cuda/channel_reduce.cuh"
@@ -52,6 +54,7 @@ constexpr int64_t kMaxRowTaps = 512;    // input channels * R * S of one output
 constexpr int64_t kMaxRowFilterRows = 7;
 constexpr int64_t kMaxSharedBytes = 48 * 1024;
 constexpr int kColumnTiles[] = {8, 7, 5, 4};  // the QC instantiated, preferred first on ties
+constexpr const char* kDefaultRowPasses = "fdw";
 
 // ---- device helpers ---------------------------------------------------------------------
 
@@ -235,14 +238,15 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     }
   }
   __syncthreads();
+  // Plane by plane (image, channel), each a run of consecutive addresses.
   const int images = min(g.g, g.n - n0);
-  for (int i = threadIdx.x; i < images * OT * plane; i += blockDim.x) {
-    const int bo = i / plane, pos = i - bo * plane;
-    const int bb = bo / OT, ot = bo - bb * OT;
-    const int o = o0 + ot;
+  for (int bo = 0; bo < images * OT; ++bo) {
+    const int bb = bo / OT, o = o0 + bo % OT;
     if (o >= g.co) continue;
-    const T v = otile[i];
-    out[(static_cast<int64_t>(n0 + bb) * g.co + o) * plane + pos] = bias != nullptr ? v + bias[o] : v;
+    const T bv = bias != nullptr ? bias[o] : T(0);
+    const T* src = otile + bo * plane;
+    T* dst = out + (static_cast<int64_t>(n0 + bb) * g.co + o) * plane;
+    for (int pos = threadIdx.x; pos < plane; pos += blockDim.x) dst[pos] = bias != nullptr ? src[pos] + bv : src[pos];
   }
 }
 
@@ -419,15 +423,18 @@ __global__ void __launch_bounds__(kMaxWgradTapThreads + 32)
         }
       }
     }
-    // dy of the round's images for the block's channels, position-major.
-    for (int i = t; i < g.imgs * KT * pq; i += blockDim.x) {
-      const int bk = i / pq, pos = i - bk * pq;
-      const int bimg = bk / KT, kk = bk - bimg * KT;
-      T* dst = dys + (bimg * pq + pos) * KT + kk;
-      if (n + bimg < n_end && k0 + kk < g.k) {
-        copy_async(dst, dy + ((static_cast<int64_t>(n + bimg) * g.k + k0 + kk) * pq + pos));
-      } else {
-        *dst = T(0);
+    // dy of the round's images for the block's channels, position-major; plane by plane.
+    for (int bk = 0; bk < g.imgs * KT; ++bk) {
+      const int bimg = bk / KT, kk = bk % KT;
+      const bool inside = n + bimg < n_end && k0 + kk < g.k;
+      const T* src = dy + (static_cast<int64_t>(n + bimg) * g.k + k0 + kk) * pq;
+      T* dst = dys + bimg * pq * KT + kk;
+      for (int pos = t; pos < pq; pos += blockDim.x) {
+        if (inside) {
+          copy_async(dst + pos * KT, src + pos);
+        } else {
+          dst[pos * KT] = T(0);
+        }
       }
     }
     copy_wait_all();
@@ -453,34 +460,43 @@ __global__ void __launch_bounds__(kMaxWgradTapThreads + 32)
     }
     if (bias_warp) {
       // Lane l adds channel l % KT at positions l / KT, l / KT + 32 / KT, ... of the round.
-      const int kk = wl % KT;
-      for (int pos = wl / KT; pos < g.imgs * pq; pos += 32 / KT) accb += dys[pos * KT + kk];
+      // Four sums in flight, added in a fixed order.
+      constexpr int kStripes = 32 / KT;
+      const int kk = wl % KT, total = g.imgs * pq;
+      T part[4] = {};
+      int pos = wl / KT;
+      for (; pos + 3 * kStripes < total; pos += 4 * kStripes) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) part[u] += dys[(pos + u * kStripes) * KT + kk];
+      }
+      for (int u = 0; pos < total; pos += kStripes, ++u) part[u] += dys[pos * KT + kk];
+      accb += (part[0] + part[1]) + (part[2] + part[3]);
     }
   }
   // Add the row segments' sums pairwise in a fixed tree, in the shared memory of the tiles:
-  // while m segments remain, the last floor(m / 2) hand theirs to the first floor(m / 2).
-  // Sum e of segment i at red[(e * lanes / 2 + i) * owners + owner]: neighbouring threads,
-  // neighbouring words.
+  // while m segments remain, the last floor(m / 2) hand theirs to the first floor(m / 2). A
+  // thread's S * KT sums are consecutive (16-byte stores and loads), at a pitch 16 bytes
+  // longer, so that the eight threads of a quarter-warp meet in different banks.
   T* red = tile;
-  const int half = g.lanes / 2;
+  constexpr int kPitch = S * KT + 16 / static_cast<int>(sizeof(T));
   for (int m = g.lanes; m > 1;) {
     const int h = m / 2, keep = m - h;
     __syncthreads();
     if (tap && lane >= keep && lane < m) {
-      T* dst = red + (lane - keep) * g.owners + owner;
+      T* dst = red + ((lane - keep) * g.owners + owner) * kPitch;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) dst[(s * KT + kk) * half * g.owners] = acc[s][kk];
+        for (int kk = 0; kk < KT; ++kk) dst[s * KT + kk] = acc[s][kk];
       }
     }
     __syncthreads();
     if (tap && lane < h) {
-      const T* src = red + lane * g.owners + owner;
+      const T* src = red + (lane * g.owners + owner) * kPitch;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) acc[s][kk] += src[(s * KT + kk) * half * g.owners];
+        for (int kk = 0; kk < KT; ++kk) acc[s][kk] += src[s * KT + kk];
       }
     }
     m = keep;
@@ -558,7 +574,7 @@ WgradLaunch wgrad_launch(const Shape& xs, const Shape& ws, const Shape& ys, cons
   }
   const int64_t segw = ceil_div(q, segs);
   const int64_t lanes = imgs * pp * segs;
-  const int64_t red = lanes / 2 * owners * s * kWgradKTile;
+  const int64_t red = lanes / 2 * owners * (s * kWgradKTile + 16 / elem);  // kPitch per thread
   if (std::max<int64_t>(staged(imgs), red) * elem > kMaxSharedBytes) return l;
   const int64_t groups = ceil_div(k, kWgradKTile);
   const int64_t want_chunks = std::max<int64_t>(1, one_wave_blocks() / 4 / groups);
@@ -592,9 +608,25 @@ bool shapes_fit(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dP
   return p.pad_h < w.size(2) && p.pad_w < w.size(3);
 }
 
+// The passes the row kernels take by default (Note [row convolution] has the measurements),
+// or those TANDEM_ROW_CONV names: letters f (forward), d (input gradient), w (weight gradient);
+// "-" for none.
+bool pass_enabled(RowPass pass) {
+  static const std::string passes = [] {
+    const char* v = std::getenv("TANDEM_ROW_CONV");
+    return std::string(v != nullptr && v[0] != '\0' ? v : kDefaultRowPasses);
+  }();
+  const char letter = pass == RowPass::Forward ? 'f' : pass == RowPass::BackwardInput ? 'd' : 'w';
+  return passes.find(letter) != std::string::npos;
+}
+
 }  // namespace
 
 bool row_conv_applies(RowPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
+  return pass_enabled(pass) && row_conv_fits(pass, x, w, y, p);
+}
+
+bool row_conv_fits(RowPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   if (!shapes_fit(x, w, y, p)) return false;
   const int64_t elem = static_cast<int64_t>(dtype_size(x.dtype()));
   switch (pass) {
