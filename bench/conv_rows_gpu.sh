@@ -7,9 +7,9 @@
 #   bench/conv_rows_gpu.sh [--epochs N] [--tests] [--sanitize] [--ncu] [--quick]
 #
 # --tests first runs the convolution tests and the [cuda] tests; --sanitize runs the
-# convolution tests under compute-sanitizer's memcheck and racecheck; --ncu profiles the row
+# small row-kernel tests ([rows]) under compute-sanitizer's memcheck and racecheck; --ncu profiles the row
 # kernels' first launches with Nsight Compute; --quick runs only the convolution test and
-# trains only with the own kernels on. Logs in $OUT.
+# trains only with tandem's own kernels as chosen. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/gpu_env.sh
@@ -38,7 +38,7 @@ if [ "$TESTS" = 1 ]; then
 fi
 if [ "$SAN" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool $B/tests/tandem_tests "$CONV" > "$OUT/san_$tool.log" 2>&1
+    timeout 120 compute-sanitizer --tool $tool $B/tests/tandem_tests "[rows]" > "$OUT/san_$tool.log" 2>&1
     echo "compute-sanitizer $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|All tests passed|test cases:' "$OUT/san_$tool.log" | tr '\n' ' ')"
   done
 fi
@@ -53,19 +53,28 @@ fi
 R=$OUT/lenet.jsonl
 : > "$R"
 echo "== lenet, $EPOCHS epochs, graph: median s/epoch"
-DIRECTS="1 0"; [ "$QUICK" = 1 ] && DIRECTS=1
+# Three variants: tandem's own convolution kernels as chosen (row and direct kernels), the row
+# kernels off (TANDEM_ROW_CONV=-: the direct kernels and cuDNN, as before them), and every
+# convolution in cuDNN (TANDEM_DIRECT_CONV=0).
+VARIANTS="own rows-off cudnn"; [ "$QUICK" = 1 ] && VARIANTS=own
 for bm in 1 0; do
-  for direct in $DIRECTS; do
-    line=$(TANDEM_DIRECT_CONV=$direct TANDEM_CUDNN_BENCHMARK=$bm \
+  for v in $VARIANTS; do
+    case $v in
+      own) envs=() ;;
+      rows-off) envs=(TANDEM_ROW_CONV=-) ;;
+      cudnn) envs=(TANDEM_DIRECT_CONV=0) ;;
+    esac
+    line=$(env "${envs[@]}" TANDEM_CUDNN_BENCHMARK=$bm \
       $B/bench/bench_train --model lenet --data "$DATA" --devices cuda:0 --epochs "$EPOCHS" 2>> "$OUT/lenet.err" | tail -1)
-    echo "$line" | sed "s/^{/{\"direct_conv\": $direct, \"timed_engines\": $bm, /" >> "$R"
-    printf 'engines %-10s own convolutions %-3s %s\n' "$([ $bm = 1 ] && echo timed || echo heuristics)" \
-      "$([ $direct = 1 ] && echo on || echo off)" "$(echo "$line" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["median_s"], "s/epoch", d["peak_mb"], "MB", "acc", d.get("train_acc"))')"
+    echo "$line" | sed "s/^{/{\"convolutions\": \"$v\", \"timed_engines\": $bm, /" >> "$R"
+    printf 'engines %-10s convolutions %-8s %s\n' "$([ $bm = 1 ] && echo timed || echo heuristics)" "$v" \
+      "$(echo "$line" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["median_s"], "s/epoch", d["peak_mb"], "MB", "acc", d.get("train_acc"))')"
   done
 done
 python3 bench/torch_lenet.py --data "$DATA" --epochs "$EPOCHS" --paths graph >> "$R" 2>> "$OUT/lenet.err"
 echo "pytorch graph: $(tail -1 "$R" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(round(d["median_s"], 5), "s/epoch", round(d["peak_mb"], 1), "MB")')"
 LIB=$PWD/build-gpu/bench/libtandem_kernel_timeline.so
+rm -f "$OUT"/lenet_timeline_*.json.tmp
 for bm in 0 1; do
   CUDA_INJECTION64_PATH=$LIB TANDEM_TIMELINE=$OUT/lenet_timeline_$bm.json TANDEM_CUDNN_BENCHMARK=$bm \
     $B/bench/bench_train --model lenet --data "$DATA" --devices cuda:0 --epochs 2 > "$OUT/timeline_$bm.out" 2>&1
@@ -73,4 +82,5 @@ for bm in 0 1; do
     --label "tandem (graph, $([ $bm = 1 ] && echo timed || echo heuristics))" \
     --json "$OUT/lenet_timeline_$bm.summary.json" > "$OUT/lenet_timeline_$bm.txt" 2>&1
   head -1 "$OUT/lenet_timeline_$bm.txt"
+  rm -f "$OUT/lenet_timeline_$bm.json" "$OUT/timeline_$bm.out"  # the summary keeps what matters
 done

@@ -8,6 +8,7 @@
 // dtype, contiguity where stated). CUDA methods enqueue on current_stream(device) and never
 // synchronize the host.
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -297,6 +298,14 @@ class Backend {
 //   TANDEM_DIRECT_CONV=0 turns it off.
 void set_direct_conv(bool on);
 bool direct_conv();
+// row_conv_passes (default "dw"): the passes of a small stride-1 convolution (3- or 5-wide
+//   filters, few channels; LeNet's second layer) that tandem's row-window kernels take when
+//   direct_conv() is on (Note [row convolution] in kernels/cuda/conv_rows.cu): letters f
+//   (forward), d (input gradient), w (weight gradient, where the direct kernel does not take
+//   it), or "-" for none. The forward is off by default: measured slower than cuDNN's on an
+//   H200. ValueError for another letter. Environment: TANDEM_ROW_CONV.
+void set_row_conv_passes(const std::string& passes);
+std::string row_conv_passes();
 // fuse_bn_relu (default true): Residual blocks, and a Sequential's BatchNorm2d followed by a
 //   ReLU, run the batch norm + ReLU as one op (batch_norm_relu; Note [batch norm + ReLU]): the
 //   same values and gradients with one pass over the activations fewer forward and backward

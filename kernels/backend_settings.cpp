@@ -1,5 +1,8 @@
 #include <atomic>
 #include <cstdlib>
+#include <string>
+
+#include "core/error.h"
 
 #include "kernels/backend.h"
 
@@ -49,8 +52,44 @@ std::atomic<bool>& fuse_activation_pool_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_ACT_POOL", true)};
   return flag;
 }
+// A set of convolution passes as bits: f (forward) 1, d (input gradient) 2, w (weight
+// gradient) 4; "-" is none. -1 for a string with any other character.
+int parse_row_passes(const std::string& s) {
+  if (s == "-") return 0;
+  int bits = 0;
+  for (char c : s) {
+    const int bit = c == 'f' ? 1 : c == 'd' ? 2 : c == 'w' ? 4 : -1;
+    if (bit < 0) return -1;
+    bits |= bit;
+  }
+  return s.empty() ? -1 : bits;
+}
+std::atomic<int>& row_conv_flag() {
+  static std::atomic<int> flag{[] {
+    const char* v = std::getenv("TANDEM_ROW_CONV");
+    if (v == nullptr || v[0] == '\0') return parse_row_passes("dw");
+    const int bits = parse_row_passes(v);
+    TANDEM_CHECK(bits >= 0, Value, "TANDEM_ROW_CONV=", v, ": expected letters among f, d, w (forward, input gradient, weight gradient), or - for none");
+    return bits;
+  }()};
+  return flag;
+}
 }  // namespace
 
+void set_row_conv_passes(const std::string& passes) {
+  const int bits = parse_row_passes(passes);
+  TANDEM_CHECK(bits >= 0, Value, "set_row_conv_passes(\"", passes,
+               "\"): expected letters among f, d, w (forward, input gradient, weight gradient), or - for none");
+  row_conv_flag() = bits;
+}
+std::string row_conv_passes() {
+  const int bits = row_conv_flag();
+  std::string s;
+  if (bits & 1) s += 'f';
+  if (bits & 2) s += 'd';
+  if (bits & 4) s += 'w';
+  return s.empty() ? "-" : s;
+}
 void set_fuse_activation_pool(bool on) { fuse_activation_pool_flag() = on; }
 bool fuse_activation_pool() { return fuse_activation_pool_flag(); }
 void set_fuse_linear_activation(bool on) { fuse_linear_activation_flag() = on; }

@@ -283,12 +283,12 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
                                  const Conv2dParams& p, const Tensor& y) {
   if (y.numel() == 0) return;
   DeviceGuard guard(x.device());
-  if (gpu::row_conv_applies(gpu::RowPass::Forward, x, w, y, p)) {  // Note [row convolution]
-    gpu::row_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
-    return;
-  }
   if (gpu::direct_conv_applies(gpu::DirectPass::Forward, x, w, y, p)) {  // Note [direct convolution]
     gpu::direct_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
+    return;
+  }
+  if (gpu::row_conv_applies(gpu::RowPass::Forward, x, w, y, p)) {  // Note [row convolution]
+    gpu::row_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
     return;
   }
   dispatch_floating_bf16(x.dtype(), "conv2d", [&](auto tag) {
@@ -309,7 +309,7 @@ void CudaBackend::conv2d_backward_input(const Tensor& dy, const Tensor& w, const
     fill(dx, 0.0);
     return;
   }
-  if (gpu::row_conv_applies(gpu::RowPass::BackwardInput, dx, w, dy, p)) {
+  if (gpu::row_conv_applies(gpu::RowPass::BackwardInput, dx, w, dy, p)) {  // Note [row convolution]
     gpu::row_conv_backward_input(dy, w, p, dx, current_cuda_stream(dx.device()));
     return;
   }
@@ -327,12 +327,12 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
     return;
   }
-  if (gpu::row_conv_applies(gpu::RowPass::BackwardWeight, x, dw, dy, p)) {
-    gpu::row_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
-    return;
-  }
   if (gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, p)) {
     gpu::direct_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
+    return;
+  }
+  if (gpu::row_conv_applies(gpu::RowPass::BackwardWeight, x, dw, dy, p)) {  // Note [row convolution]
+    gpu::row_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
   dispatch_floating_bf16(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {

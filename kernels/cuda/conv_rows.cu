@@ -30,12 +30,30 @@
 //   adds the blocks' partial sums in order, in double. The bias gradient (the sum of dy) is one
 //   warp of the block that adds the staged dy while the others multiply.
 //
+// Measured on one H200 (2026-12-03, bench/bench_conv_small: us per call inside a replayed
+// graph, batch 256, float32; cuDNN heuristics | timed engines | direct kernels | row kernels):
+//
+//   conv1 1->6 28x28   forward         27.9 |  27.9 |  6.6 |  7.7
+//                      input gradient 103.1 |  23.5 |   -  | 11.6
+//                      weight grad.   410.1 |  25.7 | 19.9 | 18.3
+//   conv2 6->16 14x14  forward         17.3 |  17.3 |   -  | 22.6
+//                      input gradient  58.9 |  31.0 |   -  | 23.3
+//                      weight grad.    33.4 |  33.5 | 22.8 | 26.4
+//
+// So by default (row_conv_passes() "dw", kernels/backend.h) the row kernels take the input
+// gradient, and the weight gradient of the layers the direct kernel does not take; the
+// forward stays with the direct kernel (first layers) and cuDNN. The kernels are far from the
+// arithmetic (61 M FMAs are ~2 us). Nsight Compute on conv2's weight gradient: 10.5 M warp
+// instructions issued for 1.9 M warp FMAs (staging, index arithmetic and the tree cost more
+// than the products), 6.4 cycles per issue with 11 warps per SM, and half of the 365 k global
+// sectors excess (partial-sector accesses). More work per thread between barriers and copies
+// wider than one element are the next step.
+//
 // Every output is a sum in a fixed order: the same bits on every run (Note [deterministic
 // reductions]), on a CUDA graph replay as eagerly. Layers outside these limits go to the
 // kernels of conv_direct.cu or to cuDNN (conv.cu decides); direct_conv() off
 // (TANDEM_DIRECT_CONV=0) sends every layer to cuDNN.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "core/device.h"
@@ -54,7 +72,6 @@ constexpr int64_t kMaxRowTaps = 512;    // input channels * R * S of one output
 constexpr int64_t kMaxRowFilterRows = 7;
 constexpr int64_t kMaxSharedBytes = 48 * 1024;
 constexpr int kColumnTiles[] = {8, 7, 5, 4};  // the QC instantiated, preferred first on ties
-constexpr const char* kDefaultRowPasses = "fdw";
 
 // ---- device helpers ---------------------------------------------------------------------
 
@@ -608,14 +625,9 @@ bool shapes_fit(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dP
   return p.pad_h < w.size(2) && p.pad_w < w.size(3);
 }
 
-// The passes the row kernels take by default (Note [row convolution] has the measurements),
-// or those TANDEM_ROW_CONV names: letters f (forward), d (input gradient), w (weight gradient);
-// "-" for none.
+// Whether row_conv_passes() names the pass (kernels/backend.h).
 bool pass_enabled(RowPass pass) {
-  static const std::string passes = [] {
-    const char* v = std::getenv("TANDEM_ROW_CONV");
-    return std::string(v != nullptr && v[0] != '\0' ? v : kDefaultRowPasses);
-  }();
+  const std::string passes = row_conv_passes();
   const char letter = pass == RowPass::Forward ? 'f' : pass == RowPass::BackwardInput ? 'd' : 'w';
   return passes.find(letter) != std::string::npos;
 }

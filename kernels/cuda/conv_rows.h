@@ -15,7 +15,7 @@ enum class RowPass { Forward, BackwardInput, BackwardWeight };
 // Whether the row kernels take this pass of a convolution of x [N, C, H, W] with w [K, C, R, S]
 // into y [N, K, P, Q]: stride 1, S of 3 or 5, packed NCHW float32 or float64, few channels, and
 // tiles that fit in shared memory. The weight gradient asks with the bias gradient wanted.
-// Only the passes the row kernels are chosen for (conv_rows.cu; TANDEM_ROW_CONV overrides).
+// Only the passes row_conv_passes() names (kernels/backend.h).
 bool row_conv_applies(RowPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p);
 // Whether the kernels can take the pass at all, chosen or not (for benchmarks and tests).
 bool row_conv_fits(RowPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p);

@@ -1,7 +1,9 @@
 // CPU convolution (forward, backward input, backward weight) against direct loops, and
 // max/avg pooling with stride != kernel and padding.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "tests/kernels/test_cpu_util.h"
 
@@ -211,4 +213,18 @@ TEST_CASE("cpu pooling argument errors", "[kernels]") {
   Tensor y = kernels::pool2d(PoolMode::Max, x, {});
   REQUIRE_THROWS_AS(kernels::pool2d_backward(PoolMode::Max, x, y, rnd({1, 1, 3, 3}, kFloat32), {}),
                     ShapeError);
+}
+
+TEST_CASE("row_conv_passes: letters f, d, w or -, bad values refused", "[kernels]") {
+  const std::string prev = row_conv_passes();
+  if (std::getenv("TANDEM_ROW_CONV") == nullptr) CHECK(prev == "dw");  // the default
+  set_row_conv_passes("wfd");
+  CHECK(row_conv_passes() == "fdw");
+  set_row_conv_passes("-");
+  CHECK(row_conv_passes() == "-");
+  CHECK_THROWS_AS(set_row_conv_passes("fx"), ValueError);
+  CHECK_THROWS_AS(set_row_conv_passes(""), ValueError);
+  CHECK(row_conv_passes() == "-");  // a refused value changes nothing
+  set_row_conv_passes(prev);
+  CHECK(row_conv_passes() == prev);
 }

@@ -1,5 +1,6 @@
 // CUDA backend vs the CPU reference, part 2: convolution, pooling, log-softmax, cross-entropy,
 // accuracy counting, row indexing, batch norm and the optimizer steps.
+#include <string>
 #include <vector>
 
 #include "catch.h"
@@ -54,18 +55,24 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
   };
   // Both ways of calling cuDNN: cached graph-API plans (the default) and the legacy calls; and
   // tandem's direct kernels for few-channel layers (the default) or cuDNN for every layer.
+  // With the own kernels, the row-window kernels for their default passes and for all three.
   const bool graph = GENERATE(true, false);
   const bool direct = GENERATE(true, false);
+  const std::string rows = GENERATE(as<std::string>{}, "dw", "fdw");
+  if (!direct && rows != "dw") return;  // the row kernels run only with the own kernels on
   struct Restore {
     bool prev = cudnn_graph_api(), prev_direct = direct_conv();
+    std::string prev_rows = row_conv_passes();
     ~Restore() {
       set_cudnn_graph_api(prev);
       set_direct_conv(prev_direct);
+      set_row_conv_passes(prev_rows);
     }
   } restore;
   set_cudnn_graph_api(graph);
   set_direct_conv(direct);
-  INFO("graph api " << graph << ", direct convolution kernels " << direct);
+  set_row_conv_passes(rows);
+  INFO("graph api " << graph << ", direct convolution kernels " << direct << ", row kernels for " << rows);
   for (DType dt : kFloatTypes) {
     for (const ConvCase& cc : cases) {
       if (cc.own_kernels_only && !direct) continue;
@@ -91,6 +98,41 @@ TEST_CASE("cuda conv2d forward and backward through cuDNN", "[cuda]") {
       // The cached plan serves a second call with the same shapes.
       check(kernels::conv2d(gpu(x), gpu(w), gpu(bias), cc.p), y, 4);
     }
+  }
+}
+
+// A few small layers through every row-window kernel (Note [row convolution]): quick enough to
+// run under compute-sanitizer's memcheck and racecheck (the kernels' barriers and shared tiles).
+TEST_CASE("cuda row-window convolution kernels, small", "[cuda][rows]") {
+  TANDEM_REQUIRE_CUDA();
+  struct Restore {
+    std::string prev = row_conv_passes();
+    bool prev_direct = direct_conv();
+    ~Restore() {
+      set_row_conv_passes(prev);
+      set_direct_conv(prev_direct);
+    }
+  } restore;
+  set_row_conv_passes("fdw");
+  set_direct_conv(true);
+  const ConvCase cases[] = {
+      {{5, 6, 14, 14}, {16, 6, 5, 5}, {1, 1, 0, 0}},  // LeNet's second layer: every row kernel
+      {{2, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},   // LeNet's first: the input gradient's
+      {{3, 9, 7, 12}, {4, 9, 3, 3}, {1, 1, 1, 1}},    // 9 channels: the weight gradient's row kernel
+  };
+  for (const ConvCase& cc : cases) {
+    INFO("x " << shape_str(cc.x) << " w " << shape_str(cc.w));
+    Tensor x = uniform(cc.x, -1.0, 1.0, kFloat32), w = uniform(cc.w, -1.0, 1.0, kFloat32);
+    Tensor bias = uniform({cc.w[0]}, -1.0, 1.0, kFloat32);
+    Tensor y = kernels::conv2d(x, w, bias, cc.p);
+    check(kernels::conv2d(gpu(x), gpu(w), gpu(bias), cc.p), y, 4);
+    Tensor dy = uniform(y.shape(), -1.0, 1.0, kFloat32);
+    check(kernels::conv2d_backward_input(gpu(dy), gpu(w), cc.p, cc.x), kernels::conv2d_backward_input(dy, w, cc.p, cc.x),
+          4);
+    auto [dw, db] = kernels::conv2d_backward_weight(x, dy, cc.p, cc.w, true);
+    auto [dwg, dbg] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, true);
+    check(dwg, dw, 4);
+    check(dbg, db, 4);
   }
 }
 
