@@ -321,24 +321,6 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
   }
 }
 
-// Blocks of kBlock threads that fill every multiprocessor of the current device once (eight
-// resident blocks each), for grid-stride loops that should loop rather than launch more blocks.
-inline int64_t one_wave_blocks() {
-  static std::atomic<int> cached[64] = {};
-  // cudaGetDevice answers the physical ordinal (DeviceGuard set it from the logical device,
-  // Note [virtual CUDA devices]), which is what cudaDeviceGetAttribute takes and what the
-  // cache is keyed by: logical devices on one GPU share its count.
-  int device = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<int>& slot = cached[device & 63];
-  int sms = slot.load(std::memory_order_relaxed);
-  if (sms == 0) {
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    slot.store(sms, std::memory_order_relaxed);
-  }
-  return 8 * static_cast<int64_t>(sms);
-}
-
 template <typename T, typename F, typename... In>
 void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t stream, const In*... in) {
   if (n == 0) return;

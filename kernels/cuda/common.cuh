@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -156,6 +157,24 @@ __host__ __device__ constexpr T lowest_value() {
   } else {
     return std::numeric_limits<T>::lowest();
   }
+}
+
+// Blocks (of up to 256 threads) that fill every multiprocessor of the current device once (eight
+// resident blocks each), for grid-stride loops that should loop rather than launch more blocks.
+inline int64_t one_wave_blocks() {
+  static std::atomic<int> cached[64] = {};
+  // cudaGetDevice answers the physical ordinal (DeviceGuard set it from the logical device,
+  // Note [virtual CUDA devices]), which is what cudaDeviceGetAttribute takes and what the
+  // cache is keyed by: logical devices on one GPU share its count.
+  int device = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cached[device & 63];
+  int sms = slot.load(std::memory_order_relaxed);
+  if (sms == 0) {
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    slot.store(sms, std::memory_order_relaxed);
+  }
+  return 8 * static_cast<int64_t>(sms);
 }
 
 // Accumulator type of sums, as on the CPU: double for floating types, bfloat16 included (a

@@ -57,7 +57,6 @@
 #include <string>
 
 #include "core/device.h"
-#include "kernels/cuda/channel_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_rows.h"
 

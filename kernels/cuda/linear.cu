@@ -4,9 +4,9 @@
 // Note [small fused linear layers]: LeNet's classifier (400 -> 120 -> 84 -> 10 at batch 256) is
 // 15 M multiply-adds forward, yet cuBLAS runs each product as a split-K pair of kernels tiled for
 // large matrices, and the bias, the activation, its gradient and the bias gradient are passes
-// of their own. Here each pass is one kernel over 16 x 16 tiles of the output, one output per
-// thread, the reduction dimension staged through shared memory 64 at a time (the next stage
-// loaded into registers while the current one is summed):
+// of their own. Here each pass is one kernel of 256-thread blocks over tiles of the output, the
+// reduction dimension staged through shared memory 64 at a time (the next stage loaded into
+// registers while the current one is summed):
 //
 // - forward, y = act(x @ w^T + bias): x [M, K] and w [N, K] are both read along K, the bias
 //   added to the sum and the activation applied before the only store;
@@ -15,13 +15,28 @@
 // - weight gradient, dw = dz^T @ x, and the bias gradient as one more column of the same
 //   product whose input is 1 (the column sums of dz).
 //
-// Each output is a sum in a fixed order (the terms in order of the reduced index, each an
-// FMA): the same bits on every run and on a CUDA graph replay (Note [deterministic
-// reductions]). The activation's arithmetic is the elementwise kernels' (UnaryOp::Relu and
-// Sigmoid, BinaryOp::ReluBackward and SigmoidBackward), so fused and unfused layers differ
-// only in the summation order of their products. Used for float32 and float64 when M is at
-// most kMaxRows and M * N * K at most kMaxWork multiply-adds -- where one output per thread
-// still fills the GPU in one short wave; larger layers go to cuBLAS (the dispatcher composes).
+// The tile is 16 x 16 outputs, one thread each, except in the weight gradient of a small
+// layer: its outputs are few and each is a long sum (LeNet's last layer: 10 x 85 outputs, each
+// a sum of 256 products), so where 16 x 16 tiles would give fewer than four blocks per
+// multiprocessor the tile shrinks to 8 x 8 or 4 x 4 and the block's 256 threads split each
+// output's reduction 4 or 16 ways: slice s of the block sums the terms s*64/S .. (s+1)*64/S - 1
+// of every stage, and the S partial sums are added in slice order at the end. Measured on an
+// H200 in LeNet's replayed step, the three weight-gradient passes took 20.2 us with 16 x 16
+// tiles and 15.8 us with the split (ncu, before: 12% achieved occupancy, 8-17 cycles between a
+// warp's instructions). The forward and input-gradient passes were slower split (forward
+// 400 -> 120: 5.8 us whole, 9.9 us split 16 ways): their time is the chain of dependent stage
+// loads, which a split does not shorten, so they keep whole tiles.
+//
+// Each output is a sum in a fixed order (the terms of a slice in order of the reduced index,
+// each an FMA, then the slices in order): the same bits on every run and on a CUDA graph replay
+// (Note [deterministic reductions]). The tile depends on the layer's shape and the GPU's
+// multiprocessor count, not on which gradients are asked for (the weight gradient's tile is
+// chosen for all k + 1 columns, so dw alone, db alone and both agree bit for bit). The
+// activation's arithmetic is the elementwise kernels' (UnaryOp::Relu and Sigmoid,
+// BinaryOp::ReluBackward and SigmoidBackward), so fused and unfused layers differ only in the
+// summation order of their products. Used for float32 and float64 when M is at most kMaxRows
+// and M * N * K at most kMaxWork multiply-adds -- where these tiles still fill the GPU in one
+// short wave; larger layers go to cuBLAS (the dispatcher composes).
 #include "core/device.h"
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
@@ -32,10 +47,8 @@ namespace tandem {
 namespace gpu {
 namespace {
 
-constexpr int kTile = 16;                       // output tile: kTile x kTile, one output per thread
 constexpr int kStep = 64;                       // reduction elements staged per iteration
-constexpr int kThreads = kTile * kTile;         // 256
-constexpr int kLoads = kTile * kStep / kThreads;  // elements of each operand a thread stages
+constexpr int kThreads = 256;                   // per block, whatever the tile
 constexpr int64_t kMaxRows = 4096;              // M: the weight gradient's reduction length
 constexpr int64_t kMaxWork = int64_t{1} << 24;  // M * N * K multiply-adds
 
@@ -89,38 +102,46 @@ __device__ T operand_b(const LinearArgs<T>& p, int c, int t) {
   }
 }
 
-// Element i of a thread's share of a kTile x kStep operand tile: (tile row, t) so that
+// Element i of a thread's share of a rows x kStep operand tile: (tile row, t) so that
 // neighbouring threads read neighbouring addresses.
-template <bool AlongT>
+template <bool AlongT, int Rows>
 __device__ void tile_slot(int i, int& r, int& t) {
   const int e = static_cast<int>(threadIdx.x) + i * kThreads;
   if constexpr (AlongT) {
     r = e / kStep, t = e % kStep;
   } else {
-    r = e % kTile, t = e / kTile;
+    r = e % Rows, t = e / Rows;
   }
 }
 
-// One kernel for the three passes; grid (ceil(columns / 16), ceil(rows / 16)). The next
-// stage of both operands is loaded into registers while the current one is summed from shared
-// memory; rows are padded to 16 bytes so the sums read 16-byte words.
-template <typename T, Activation A, Pass P>
+// One kernel for the three passes over Tile x Tile outputs per block; grid (ceil(columns /
+// Tile), ceil(rows / Tile)). The block's threads are kSlices slices of one thread per output;
+// slice s sums the terms [s * kStep / kSlices, (s + 1) * kStep / kSlices) of every stage. The
+// next stage of both operands is loaded into registers while the current one is summed from
+// shared memory; rows are padded to 16 bytes so the sums read 16-byte words.
+template <typename T, Activation A, Pass P, int Tile>
 __global__ void __launch_bounds__(kThreads) linear_pass_kernel(const LinearArgs<T> p) {
+  constexpr int kOutputs = Tile * Tile;
+  constexpr int kSlices = kThreads / kOutputs;
+  constexpr int kSliceLen = kStep / kSlices;
+  constexpr int kLoads = Tile * kStep / kThreads;  // elements of each operand a thread stages
+  static_assert(kSlices * kOutputs == kThreads && kLoads >= 1 && kSliceLen >= 1, "tile");
   constexpr int kPad = 16 / sizeof(T);
-  __shared__ __align__(16) T as[kTile][kStep + kPad];  // as[r][t] = a(row0 + r, t0 + t)
-  __shared__ __align__(16) T bs[kTile][kStep + kPad];  // bs[c][t] = b(col0 + c, t0 + t)
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  __shared__ __align__(16) T as[Tile][kStep + kPad];  // as[r][t] = a(row0 + r, t0 + t)
+  __shared__ __align__(16) T bs[Tile][kStep + kPad];  // bs[c][t] = b(col0 + c, t0 + t)
+  const int o = static_cast<int>(threadIdx.x) % kOutputs, slice = static_cast<int>(threadIdx.x) / kOutputs;
+  const int tx = o % Tile, ty = o / Tile;
   const int len = P == Pass::Forward ? p.k : P == Pass::InputGrad ? p.n : p.m;
-  const int row0 = blockIdx.y * kTile;
-  const int col0 = (P == Pass::WeightGrad ? p.first : 0) + blockIdx.x * kTile;
+  const int row0 = blockIdx.y * Tile;
+  const int col0 = (P == Pass::WeightGrad ? p.first : 0) + blockIdx.x * Tile;
   T ra[kLoads], rb[kLoads];
   const auto fetch = [&](int t0) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       int r, t;
-      tile_slot<kAAlongT<P>>(i, r, t);
+      tile_slot<kAAlongT<P>, Tile>(i, r, t);
       ra[i] = operand_a<T, A, P>(p, row0 + r, t0 + t);
-      tile_slot<kBAlongT<P>>(i, r, t);
+      tile_slot<kBAlongT<P>, Tile>(i, r, t);
       rb[i] = operand_b<T, P>(p, col0 + r, t0 + t);
     }
   };
@@ -130,17 +151,26 @@ __global__ void __launch_bounds__(kThreads) linear_pass_kernel(const LinearArgs<
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       int r, t;
-      tile_slot<kAAlongT<P>>(i, r, t);
+      tile_slot<kAAlongT<P>, Tile>(i, r, t);
       as[r][t] = ra[i];
-      tile_slot<kBAlongT<P>>(i, r, t);
+      tile_slot<kBAlongT<P>, Tile>(i, r, t);
       bs[r][t] = rb[i];
     }
     __syncthreads();
     if (t0 + kStep < len) fetch(t0 + kStep);
     // Past the end both operands are 0: fma(0, 0, acc) is acc.
 #pragma unroll
-    for (int t = 0; t < kStep; ++t) acc = fma(as[ty][t], bs[tx][t], acc);
+    for (int t = slice * kSliceLen; t < (slice + 1) * kSliceLen; ++t) acc = fma(as[ty][t], bs[tx][t], acc);
     __syncthreads();
+  }
+  if constexpr (kSlices > 1) {
+    // The slices' partial sums, added in slice order by slice 0.
+    __shared__ T partial[kSlices][kOutputs];
+    partial[slice][o] = acc;
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int s = 1; s < kSlices; ++s) acc += partial[s][o];
   }
   const int row = row0 + ty, col = col0 + tx;
   if constexpr (P == Pass::Forward) {
@@ -165,14 +195,43 @@ bool fused_linear_applies(DType dt, int64_t m, int64_t n, int64_t k) {
          m * n * k <= kMaxWork;
 }
 
-dim3 tiles(int64_t cols, int64_t rows) {
-  return dim3(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
+// The output tile of pass P over rows x cols outputs (Note [small fused linear layers]): 16
+// for the forward and the input gradient; for the weight gradient the largest of 16, 8 and 4
+// whose grid has at least four blocks per multiprocessor, else 4.
+template <Pass P>
+int pass_tile(int64_t cols, int64_t rows) {
+  if constexpr (P != Pass::WeightGrad) {
+    return 16;
+  } else {
+    const int64_t enough = one_wave_blocks() / 2;  // one_wave_blocks() is eight per multiprocessor
+    for (int tile : {16, 8}) {
+      if (ceil_div(cols, tile) * ceil_div(rows, tile) >= enough) return tile;
+    }
+    return 4;
+  }
 }
 
-// Launches pass P over an output of rows x cols, one thread per output in 16 x 16 tiles.
+// The weight-gradient kernel with a tile of 8 or 4 (the reduction split in the block).
+template <typename T, Activation A>
+void launch_split(const LinearArgs<T>& a, dim3 grid, int tile, cudaStream_t stream) {
+  if (tile == 8) {
+    linear_pass_kernel<T, A, Pass::WeightGrad, 8><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    linear_pass_kernel<T, A, Pass::WeightGrad, 4><<<grid, kThreads, 0, stream>>>(a);
+  }
+}
+
+// Launches pass P over the columns [first, first + cols) of an output of rows x tile_cols (the
+// tile chosen for tile_cols: the weight gradient's whole width, whichever columns are asked for).
 template <typename T, Activation A, Pass P>
-void launch_pass(const LinearArgs<T>& a, int64_t cols, int64_t rows, cudaStream_t stream) {
-  linear_pass_kernel<T, A, P><<<tiles(cols, rows), kThreads, 0, stream>>>(a);
+void launch_pass(const LinearArgs<T>& a, int64_t cols, int64_t rows, int64_t tile_cols, cudaStream_t stream) {
+  const int tile = pass_tile<P>(tile_cols, rows);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, tile)), static_cast<unsigned>(ceil_div(rows, tile)));
+  if (P != Pass::WeightGrad || tile == 16) {
+    linear_pass_kernel<T, A, P, 16><<<grid, kThreads, 0, stream>>>(a);
+  } else if constexpr (P == Pass::WeightGrad) {
+    launch_split<T, A>(a, grid, tile, stream);
+  }
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -204,7 +263,7 @@ bool CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
     using T = typename decltype(a)::type;
     a.x = gpu::cptr<T>(x), a.w = gpu::cptr<T>(w), a.bias = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
     a.out = gpu::ptr<T>(y);
-    gpu::launch_pass<T, decltype(c)::value, gpu::Pass::Forward>(a, n, m, stream);
+    gpu::launch_pass<T, decltype(c)::value, gpu::Pass::Forward>(a, n, m, n, stream);
   };
   return gpu::with_fused_linear("linear", x, act, m, n, k, launch);
 }
@@ -220,7 +279,7 @@ bool CudaBackend::linear_backward(const Tensor& dy, const Tensor& y, const Tenso
     if (dx.defined()) {
       gpu::LinearArgs<T> g = a;
       g.w = gpu::cptr<T>(w), g.out = gpu::ptr<T>(dx);
-      gpu::launch_pass<T, A, gpu::Pass::InputGrad>(g, k, m, stream);
+      gpu::launch_pass<T, A, gpu::Pass::InputGrad>(g, k, m, k, stream);
     }
     if (dw.defined() || db.defined()) {
       gpu::LinearArgs<T> g = a;
@@ -228,7 +287,7 @@ bool CudaBackend::linear_backward(const Tensor& dy, const Tensor& y, const Tenso
       g.db = db.defined() ? gpu::ptr<T>(db) : nullptr;
       g.first = dw.defined() ? 0 : a.k;
       g.last = db.defined() ? a.k + 1 : a.k;
-      gpu::launch_pass<T, A, gpu::Pass::WeightGrad>(g, g.last - g.first, n, stream);
+      gpu::launch_pass<T, A, gpu::Pass::WeightGrad>(g, g.last - g.first, n, a.k + 1, stream);
     }
   };
   return gpu::with_fused_linear("linear_backward", dy, act, m, n, k, launch);
