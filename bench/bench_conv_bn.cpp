@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_cuda.h"
 #include "core/allocator.h"
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
@@ -64,37 +65,10 @@ int runs = 30;
 double median_us(const std::function<void()>& f) {
   cudaStream_t s = current_cuda_stream(kGpu);
   for (int i = 0; i < 3; ++i) f();
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
-  for (auto& e : ev) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
-  TANDEM_CUDA_CHECK(cudaEventRecord(ev[0], s));
-  for (int i = 0; i < runs; ++i) {
-    f();
-    TANDEM_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(i) + 1], s));
-  }
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(ev.back()));
-  std::vector<double> us;
-  for (size_t i = 0; i + 1 < ev.size(); ++i) {
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-    us.push_back(1000.0 * ms);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return bench::median_us(s, runs, f);
 }
 
-// max |a - b| / max |b|, on the host in float32.
-double relative_error(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(kFloat32).contiguous().to(kCPU), hb = b.to(kFloat32).contiguous().to(kCPU);
-  const float* pa = ha.data<float>();
-  const float* pb = hb.data<float>();
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < ha.numel(); ++i) {
-    diff = std::max(diff, double(std::fabs(pa[i] - pb[i])));
-    scale = std::max(scale, double(std::fabs(pb[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using bench::relative_error;
 
 // Unique ids of the tensors of the fused graphs; virtual ones from 100.
 enum : int64_t { kX = 1, kW, kY, kSum, kSqSum, kScale, kBias, kDy, kDw, kV1 = 100, kV2, kV3 };

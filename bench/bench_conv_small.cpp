@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_cuda.h"
 #include "core/cuda_check.h"
 #include "core/cuda_graph.h"
 #include "core/cuda_stream.h"
@@ -50,39 +51,11 @@ double graph_us(const std::function<void()>& f) {
   graph.capture_begin(kGpu);
   for (int i = 0; i < kCallsPerGraph; ++i) f();
   graph.capture_end();
-  cudaStream_t s = current_cuda_stream(kGpu);
   graph.replay();
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(runs) + 1);
-  for (auto& e : ev) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
-  TANDEM_CUDA_CHECK(cudaEventRecord(ev[0], s));
-  for (int i = 0; i < runs; ++i) {
-    graph.replay();
-    TANDEM_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(i) + 1], s));
-  }
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(ev.back()));
-  std::vector<double> us;
-  for (size_t i = 0; i + 1 < ev.size(); ++i) {
-    float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-    us.push_back(1000.0 * ms / kCallsPerGraph);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return bench::median_us(current_cuda_stream(kGpu), runs, [&] { graph.replay(); }, kCallsPerGraph);
 }
 
-// max |a - b| / max |b|, on the host.
-double relative_error(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(kFloat64).contiguous().to(kCPU), hb = b.to(kFloat64).contiguous().to(kCPU);
-  const double* pa = ha.data<double>();
-  const double* pb = hb.data<double>();
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < ha.numel(); ++i) {
-    diff = std::max(diff, std::fabs(pa[i] - pb[i]));
-    scale = std::max(scale, std::fabs(pb[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using bench::relative_error;
 
 std::string cell(double us) {
   if (us < 0) return "-";

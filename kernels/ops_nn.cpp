@@ -248,6 +248,15 @@ void pool2d_into(PoolMode mode, const Tensor& x, const Pool2dParams& p, const Te
   }
   backend_for(x.device()).pool2d_forward(mode, x.contiguous(), p, y);
 }
+// pool2d_backward's arithmetic into dx (x's shape and dtype), the arguments checked.
+void pool2d_backward_into(PoolMode mode, const Tensor& x, const Tensor& y, const Tensor& dy,
+                          const Pool2dParams& p, const Tensor& dx) {
+  if (x.dtype() == kBFloat16) {  // Note [bfloat16 pooling]
+    dx.copy_(pool2d_backward(mode, x.to(kFloat32), y.to(kFloat32), dy.to(kFloat32), p));
+    return;
+  }
+  backend_for(x.device()).pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p, dx);
+}
 }  // namespace
 
 Tensor pool2d(PoolMode mode, const Tensor& x, const Pool2dParams& p) {
@@ -268,12 +277,8 @@ Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Te
   const Shape ys = pool_out_shape(op, x, p);
   check_shape(op, y, ys, "y");
   check_shape(op, dy, ys, "dy");
-  if (x.dtype() == kBFloat16) {  // Note [bfloat16 pooling]
-    return pool2d_backward(mode, x.to(kFloat32), y.to(kFloat32), dy.to(kFloat32), p).to(kBFloat16);
-  }
   Tensor dx(x.shape(), x.dtype(), x.device());
-  backend_for(x.device())
-      .pool2d_backward(mode, x.contiguous(), y.contiguous(), dy.contiguous(), p, dx);
+  pool2d_backward_into(mode, x, y, dy, p, dx);
   return dx;
 }
 
@@ -312,11 +317,11 @@ Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tenso
       backend_for(z.device()).activation_pool2d_backward(dy, z, act, mode, p, dz)) {
     return dz;
   }
-  // The composition: the gradients the separate ops compute, the same bits.
+  // The composition: the gradients the separate ops compute, the same bits, into the same dz.
   const Tensor a = activate(z, act);
-  const Tensor da = pool2d_backward(mode, a, y, dy, p);
-  if (act == Activation::None) return da;
-  return binary(activation_backward_op(act), da, a);
+  pool2d_backward_into(mode, a, y, dy, p, dz);  // the pooling gradient, at a
+  if (act != Activation::None) binary_(activation_backward_op(act), dz, a);
+  return dz;
 }
 
 // ---- log-softmax and cross-entropy ------------------------------------------------------

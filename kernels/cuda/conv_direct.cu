@@ -356,14 +356,18 @@ void launch_conv(const T* in, const T* w, const T* bias, T* out, const DirectSha
 
 }  // namespace
 
-bool direct_conv_applies(DirectPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
+bool own_conv_kernels_take(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
   constexpr int64_t kMax32 = int64_t{1} << 31;
   if (!direct_conv()) return false;
   if (x.dtype() != kFloat32 && x.dtype() != kFloat64) return false;
   if (x.dim() != 4 || w.dim() != 4 || y.dim() != 4) return false;
   if (p.stride_h != 1 || p.stride_w != 1) return false;
   if (!x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous()) return false;
-  if (x.numel() >= kMax32 || y.numel() >= kMax32 || x.size(0) > (int64_t{1} << 30)) return false;
+  return x.numel() < kMax32 && y.numel() < kMax32;
+}
+
+bool direct_conv_applies(DirectPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
+  if (!own_conv_kernels_take(x, w, y, p) || x.size(0) > (int64_t{1} << 30)) return false;
   const Shape &xs = x.shape(), &ws = w.shape(), &ys = y.shape();
   if (ws[1] > kMaxInChannels || ws[0] > kMaxOutChannels || ws[2] > kMaxTaps || ws[3] > kMaxTaps) return false;
   const int64_t elem = static_cast<int64_t>(dtype_size(x.dtype()));

@@ -11,6 +11,11 @@ namespace tandem::gpu {
 
 enum class DirectPass { Forward, BackwardWeight };
 
+// What every convolution kernel of tandem's own asks of a layer (the direct kernels here, the
+// row-window kernels of conv_rows.h): direct_conv() on (kernels/backend.h), float32 or float64,
+// packed 4-d NCHW tensors, stride 1, fewer than 2^31 elements in x and y.
+bool own_conv_kernels_take(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p);
+
 // Whether the direct kernels take a convolution of x [N, C, H, W] with w [K, C, R, S] into
 // y [N, K, P, Q] for this pass: stride 1, float32 or float64, packed NCHW, few input
 // channels (the forward: few taps per output), and tiles that fit in shared memory.

@@ -58,6 +58,7 @@
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/conv_direct.h"
 #include "kernels/cuda/conv_rows.h"
 
 namespace tandem::gpu {
@@ -613,13 +614,7 @@ WgradLaunch wgrad_launch(const Shape& xs, const Shape& ws, const Shape& ys, cons
 }
 
 bool shapes_fit(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
-  constexpr int64_t kMax32 = int64_t{1} << 31;
-  if (!direct_conv()) return false;
-  if (x.dtype() != kFloat32 && x.dtype() != kFloat64) return false;
-  if (x.dim() != 4 || w.dim() != 4 || y.dim() != 4) return false;
-  if (p.stride_h != 1 || p.stride_w != 1) return false;
-  if (!x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous()) return false;
-  if (x.numel() >= kMax32 || y.numel() >= kMax32) return false;
+  if (!own_conv_kernels_take(x, w, y, p)) return false;
   // Padding no wider than the filter: the input gradient's own padding, R - 1 - pad, is >= 0.
   return p.pad_h < w.size(2) && p.pad_w < w.size(3);
 }
