@@ -114,7 +114,7 @@ __global__ void max_pool_backward_kernel(const T* x, const T* dy, T* dx, int64_t
 }
 
 // Note [activation + pooling] (kernels/backend.h), for windows that tile the input (kernel =
-// stride, no padding): one thread per output forward, one per input backward, the activation
+// stride, no padding): one thread per output (window), forward and backward, the activation
 // recomputed from z. The arithmetic is the CPU's (kernels/cpu/pool.cpp): a window's average
 // adds each column's rows first, then the columns, and multiplies by 1 / area; its maximum is
 // the first in row-major order, a NaN winning.
@@ -155,38 +155,49 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __res
   }
 }
 
+// One thread per window: the window's place is worked out once for its kh * kw elements, its
+// dy loaded once and, for max pooling, its first maximum found once (one thread per element
+// took twice as long, mostly in the index divisions and the repeated scans). Elements in no
+// window (the last rows or columns when a window does not divide the input) get 0.
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ z,
                                                 T* __restrict__ dz, TileGeom g) {
-  const unsigned total = g.planes * g.h * g.w;
+  const unsigned windows = g.planes * g.p * g.q;
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
-  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const unsigned wi = i % g.w, rest = i / g.w, hi = rest % g.h, plane = rest / g.h;
-    const unsigned pi = hi / g.kh, qi = wi / g.kw;
-    if (pi >= g.p || qi >= g.q) {  // in no window
-      dz[i] = T(0);
-      continue;
-    }
-    const T g_out = dy[(plane * g.p + pi) * g.q + qi];
-    const T a = activate<T, A>(z[i]);
-    T da;
-    if constexpr (M == PoolMode::Avg) {
-      da = g_out * inv_area;
-    } else {
-      // Whether this element is its window's first maximum.
-      const T* zp = z + (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
+  for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < windows; o += gridDim.x * blockDim.x) {
+    const unsigned qi = o % g.q, rest = o / g.q, pi = rest % g.p, plane = rest / g.p;
+    const unsigned base = (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
+    const T g_out = dy[o];
+    unsigned best_r = 0, best_s = 0;
+    if constexpr (M == PoolMode::Max) {
+      // The window's first maximum (a NaN winning).
       T best = -static_cast<T>(INFINITY);
-      unsigned best_r = 0, best_s = 0;
       bool nan = false;
       for (unsigned r = 0; r < g.kh && !nan; ++r) {
         for (unsigned s = 0; s < g.kw && !nan; ++s) {
-          const T v = activate<T, A>(zp[r * g.w + s]);
+          const T v = activate<T, A>(z[base + r * g.w + s]);
           if (v > best || v != v) best = v, best_r = r, best_s = s, nan = v != v;
         }
       }
-      da = best_r == hi - pi * g.kh && best_s == wi - qi * g.kw ? g_out : T(0);
     }
-    dz[i] = activation_grad<T, A>(da, a);
+    for (unsigned r = 0; r < g.kh; ++r) {
+      for (unsigned s = 0; s < g.kw; ++s) {
+        const unsigned i = base + r * g.w + s;
+        T da;
+        if constexpr (M == PoolMode::Avg) {
+          da = g_out * inv_area;
+        } else {
+          da = r == best_r && s == best_s ? g_out : T(0);
+        }
+        dz[i] = activation_grad<T, A>(da, activate<T, A>(z[i]));
+      }
+    }
+  }
+  if (g.p * g.kh == g.h && g.q * g.kw == g.w) return;
+  const unsigned total = g.planes * g.h * g.w;
+  for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const unsigned wi = i % g.w, hi = (i / g.w) % g.h;
+    if (hi >= g.p * g.kh || wi >= g.q * g.kw) dz[i] = T(0);
   }
 }
 
@@ -208,8 +219,9 @@ void dispatch_pool_mode(PoolMode mode, Fn&& fn) {
 }
 
 // The launcher of both passes: false, having done nothing, where the fused kernels do not
-// apply; otherwise the kernel of the pass, dtype, activation and mode, one thread per element
-// of y forward and of z (dz's shape) backward. dy is read only backward.
+// apply; otherwise the kernel of the pass, dtype, activation and mode, one thread per window
+// (element of y), or per element of dz backward where no window covers any of it. dy is read
+// only backward.
 template <bool Backward>
 bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, Activation act,
                             PoolMode mode, const Pool2dParams& p, const Tensor& out) {
@@ -221,6 +233,8 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, A
   if (total == 0) return true;
   DeviceGuard guard(z.device());
   const TileGeom g = tile_geom(z, p);
+  const int64_t windows = int64_t{g.planes} * g.p * g.q;
+  const unsigned grid = grid_for(windows > 0 ? windows : total);
   dispatch_floating(z.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch_activation(act, [&](auto a) {
@@ -229,10 +243,10 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, A
         constexpr PoolMode M = decltype(m)::value;
         cudaStream_t stream = current_cuda_stream(z.device());
         if constexpr (Backward) {
-          activation_pool_backward_kernel<T, A, M><<<grid_for(total), kBlock, 0, stream>>>(
+          activation_pool_backward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
               cptr<T>(dy), cptr<T>(z), ptr<T>(out), g);
         } else {
-          activation_pool_forward_kernel<T, A, M><<<grid_for(total), kBlock, 0, stream>>>(
+          activation_pool_forward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
               cptr<T>(z), ptr<T>(out), g);
         }
         TANDEM_CUDA_CHECK_LAUNCH();
