@@ -88,6 +88,16 @@ class CallbackScope {
   std::vector<std::function<void()>>* prev_;
 };
 
+// The node whose backward function this thread is running (for grad_destination).
+thread_local Node* running_node = nullptr;
+struct RunningNode {
+  explicit RunningNode(Node* n) : prev(running_node) { running_node = n; }
+  ~RunningNode() { running_node = prev; }
+  RunningNode(const RunningNode&) = delete;
+  RunningNode& operator=(const RunningNode&) = delete;
+  Node* prev;
+};
+
 // Note [tensor hooks]
 // Tensor::register_hook stores its hook on the node that will receive the tensor's gradient:
 // the producer (grad_fn, keyed by which output the tensor is) for a non-leaf, the
@@ -199,7 +209,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (any_defined(grads)) {
       grads.resize(n->num_outputs);
       run_tensor_hooks(*n, grads);
-      input_grads = n->apply(std::move(grads));
+      {
+        const RunningNode running(n);
+        input_grads = n->apply(std::move(grads));
+      }
       if (AnomalyMode::is_enabled()) [[unlikely]]
         detail::anomaly_check_backward(*n, input_grads);
       TANDEM_CHECK(input_grads.empty() || input_grads.size() == n->next_edges.size(), Error,
@@ -218,6 +231,28 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
   }
   callbacks.run();
+}
+
+void mark_grad_zero(const Tensor& leaf) {  // Note [gradients written in place]
+  AutogradMeta* m = meta_or_null(leaf);
+  if (m == nullptr || !m->grad.defined()) return;
+  m->grad_zero = true;
+  m->grad_lent = false;
+}
+
+Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device) {
+  if (running_node == nullptr || input_nr >= running_node->next_edges.size()) return {};
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(running_node->next_edges[input_nr].node.get());
+  if (acc == nullptr) return {};
+  const std::shared_ptr<TensorImpl> impl = acc->leaf.lock();
+  if (!impl) return {};
+  AutogradMeta* m = meta_or_null(Tensor(impl));
+  if (m == nullptr || !m->grad_zero || m->grad_lent) return {};
+  const Tensor& g = m->grad;
+  if (g.shape() != shape || g.dtype() != dtype || g.device() != device || !g.is_contiguous()) return {};
+  m->grad_zero = false;
+  m->grad_lent = true;
+  return g;
 }
 
 }  // namespace tandem::autograd

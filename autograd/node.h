@@ -90,6 +90,11 @@ struct AutogradMeta : AutogradMetaBase {
   // Leaves: created lazily by gradient_edge and cached here. The accumulator refers back to
   // the leaf weakly, so leaf -> accumulator -> leaf is not an ownership cycle.
   std::shared_ptr<Node> grad_accumulator;
+  // Note [gradients written in place]: grad_zero says .grad holds zeros that nothing has
+  // written since (mark_grad_zero); grad_lent that a backward function was handed .grad to
+  // write this leaf's gradient into (grad_destination) and AccumulateGrad has not run yet.
+  bool grad_zero = false;
+  bool grad_lent = false;
   // Called in registration order with the leaf's .grad once it is final in a backward pass.
   std::vector<std::pair<int, std::function<void(const Tensor&)>>> hooks;
   int next_hook_id = 0;
@@ -105,6 +110,34 @@ struct AccumulateGrad : Node {
   std::string name() const override { return "AccumulateGrad"; }
   std::weak_ptr<TensorImpl> leaf;
 };
+
+// Note [gradients written in place]
+// A leaf's gradient normally reaches .grad in two passes: the backward function of the op that
+// used the leaf writes it into a fresh tensor, and AccumulateGrad adds that into .grad. When
+// .grad is known to hold zeros -- a FlatBuffer has just zeroed the whole model's gradients, as
+// the training steps do before every backward -- the add is a whole extra pass over every
+// gradient (LeNet: 10 kernels of a replayed step). So:
+//
+// - mark_grad_zero(leaf) says that leaf's .grad holds zeros (FlatBuffer::zero_ calls it);
+//   anything that writes .grad (AccumulateGrad, set_grad) clears it.
+// - grad_destination(input_nr, ...), called by a backward function while the engine runs it,
+//   returns the .grad of the leaf its input input_nr is (that input's edge leads straight to
+//   the leaf's AccumulateGrad), if it is marked zero and has the shape, dtype, device and
+//   a packed layout asked for; the function then writes the gradient there instead of into a
+//   new tensor and returns that tensor as the input's gradient. Otherwise (not a leaf, no mark,
+//   another layout) it returns an undefined tensor and the function allocates as usual.
+// - AccumulateGrad, given the lent .grad itself, has nothing to add. Given anything else (the
+//   engine summed the lent tensor with another use of the same leaf, out of place; or a
+//   tensor hook replaced it) it copies that into .grad, which then holds the whole gradient:
+//   .grad was zero before it was lent.
+//
+// The values are those of the two-pass way bit for bit (x + 0 = x). What differs: during the
+// backward, before the leaf's AccumulateGrad runs, .grad already holds the new gradient, and
+// writes into .grad between mark_grad_zero and the backward by other means than set_grad
+// would be overwritten, not added to (FlatBuffer::zero_'s callers zero right before the
+// forward). Backward functions that use it: linear (and linear + activation), conv2d.
+void mark_grad_zero(const Tensor& leaf);
+Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device);
 
 // AutogradMeta of t, created if absent.
 AutogradMeta& meta(const Tensor& t);

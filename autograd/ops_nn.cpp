@@ -44,9 +44,15 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
                        : act == Activation::Sigmoid ? "LinearSigmoid"
                                                     : "Linear";
     record(name, {x, w, b}, {y},
-           [nx, nw, nb, act, k = x.size(1), x = nw ? saved(x) : Tensor(), w = nx ? saved(w) : Tensor(),
+           [nx, nw, nb, act, k = x.size(1), n = w.size(0), x = nw ? saved(x) : Tensor(),
+            w = nx ? saved(w) : Tensor(),
             y = act != Activation::None ? saved(y) : Tensor()](TensorList&& g) -> TensorList {
-             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, nx, nw, nb);
+             // Straight into the leaves' zeroed .grad where it can (Note [gradients written in place]).
+             const DType dt = g[0].dtype();
+             const Device dev = g[0].device();
+             const Tensor dw_to = nw ? autograd::grad_destination(1, {n, k}, dt, dev) : Tensor();
+             const Tensor db_to = nb ? autograd::grad_destination(2, {n}, dt, dev) : Tensor();
+             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, nx, nw, nb, dw_to, db_to);
              return {r.dx, r.dw, r.db};
            });
   }
@@ -65,7 +71,12 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
              const Tensor& dy = g[0];  // in any layout: the kernels:: op picks the memory format
              Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
              Tensor gw, gb;
-             if (nw || nb) std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb);
+             if (nw || nb) {
+               // Note [gradients written in place]
+               const Tensor dw_to = nw ? autograd::grad_destination(1, ws, x.dtype(), x.device()) : Tensor();
+               const Tensor db_to = nb ? autograd::grad_destination(2, {ws[0]}, x.dtype(), x.device()) : Tensor();
+               std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb, dw_to, db_to);
+             }
              return {gx, nw ? gw : Tensor(), gb};
            });
   }

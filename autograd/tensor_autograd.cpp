@@ -70,7 +70,11 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   TANDEM_CHECK(g.dtype() == t.dtype(), DType, "AccumulateGrad: ", dtype_name(g.dtype()),
                " gradient for a ", dtype_name(t.dtype()), " leaf");
   AutogradMeta& m = meta(t);
-  if (!m.grad.defined()) {
+  m.grad_zero = false;
+  if (m.grad_lent) {  // Note [gradients written in place]
+    m.grad_lent = false;
+    if (!g.same(m.grad)) m.grad.copy_(g);
+  } else if (!m.grad.defined()) {
     // A fresh buffer: the incoming gradient may alias another node's gradient or an
     // expanded (stride 0) view, and hooks may modify .grad in place (allreduce).
     Tensor fresh = empty(t.shape(), t.dtype(), t.device());
@@ -191,7 +195,9 @@ void Tensor::set_grad(const Tensor& g) const {
   } else if (autograd::meta_or_null(*this) == nullptr) {
     return;  // nothing to clear
   }
-  autograd::meta(*this).grad = g;
+  autograd::AutogradMeta& m = autograd::meta(*this);
+  m.grad = g;
+  m.grad_zero = m.grad_lent = false;  // Note [gradients written in place]
 }
 
 bool Tensor::is_leaf() const {

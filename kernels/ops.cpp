@@ -228,6 +228,19 @@ void check_same_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
 
 // ---- elementwise ------------------------------------------------------------------------
 
+Tensor output_into(const char* op, const Tensor& into, const Shape& shape, const Tensor& like,
+                   const char* name) {
+  if (!into.defined()) return Tensor(shape, like.dtype(), like.device());
+  TANDEM_CHECK(into.shape() == shape && into.is_contiguous(), Shape, op, ": ", name, " is ",
+               shape_str(into.shape()), into.is_contiguous() ? "" : " (not packed)",
+               ", expected a packed ", shape_str(shape));
+  TANDEM_CHECK(into.dtype() == like.dtype(), DType, op, ": ", name, " is ",
+               dtype_name(into.dtype()), ", expected ", dtype_name(like.dtype()));
+  TANDEM_CHECK(into.device() == like.device(), Device, op, ": ", name, " is on ",
+               into.device().str(), ", expected ", like.device().str());
+  return into;
+}
+
 Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = unary_name(op);
   check_same_device(name, {&x});
@@ -402,7 +415,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
 
 LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
                             Activation act, int64_t in_features, bool need_dx, bool need_dw,
-                            bool need_db) {
+                            bool need_db, const Tensor& dw_into, const Tensor& db_into) {
   const char* op = "linear_backward";
   check_floating(op, dy);
   TANDEM_CHECK(dy.dim() == 2, Shape, op, ": gradient ", shape_str(dy.shape()), " is not [M, N]");
@@ -433,15 +446,15 @@ LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, 
   const Tensor yc = act != Activation::None ? y.contiguous() : Tensor();
   const Tensor xc = need_dw ? x.contiguous() : Tensor(), wc = need_dx ? w.contiguous() : Tensor();
   if (need_dx) g.dx = Tensor({m, in_features}, dy.dtype(), dy.device());
-  if (need_dw) g.dw = Tensor({n, in_features}, dy.dtype(), dy.device());
-  if (need_db) g.db = Tensor({n}, dy.dtype(), dy.device());
+  if (need_dw) g.dw = output_into(op, dw_into, {n, in_features}, dy, "dw");
+  if (need_db) g.db = output_into(op, db_into, {n}, dy, "db");
   Backend& be = backend_for(dy.device());
   if (be.linear_backward(dyc, yc, xc, wc, act, in_features, g.dx, g.dw, g.db)) return g;
   // The composition: the gradients the separate ops would compute, the same bits.
   const Tensor dz = act == Activation::None ? dyc : binary(activation_backward_op(act), dyc, yc);
   if (need_dx) be.gemm(false, false, 1.0, dz, wc, 0.0, g.dx);
   if (need_dw) be.gemm(true, false, 1.0, dz, xc, 0.0, g.dw);
-  if (need_db) g.db = sum(dz, {0});
+  if (need_db) g.db.copy_(sum(dz, {0}));
   return g;
 }
 

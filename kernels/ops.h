@@ -16,6 +16,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadca
 // Checks that all tensors are defined and on the same device; `op` names the caller.
 void check_same_device(const char* op, std::initializer_list<const Tensor*> ts);
 void check_same_dtype(const char* op, std::initializer_list<const Tensor*> ts);
+// An op's output of `shape` in like's dtype, on its device: `into` where defined (it must be a
+// packed tensor of that shape, dtype and device: ShapeError, DTypeError or DeviceError naming
+// `name` otherwise), else a new tensor.
+Tensor output_into(const char* op, const Tensor& into, const Shape& shape, const Tensor& like,
+                   const char* name);
 
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
@@ -51,18 +56,24 @@ struct LinearGrads {
   Tensor dx, dw, db;  // undefined when not asked for
 };
 // The gradients of linear from the output y (unused for Activation::None) and its gradient
-// dy, for a layer of in_features inputs (x's size(1)): dx needs w, dw needs x.
+// dy, for a layer of in_features inputs (x's size(1)): dx needs w, dw needs x. dw_into and
+// db_into, where defined (and asked for), are where dw and db are written (packed tensors of
+// their shape, dtype and device; ShapeError otherwise) and are what the result holds.
 LinearGrads linear_backward(const Tensor& dy, const Tensor& y, const Tensor& x, const Tensor& w,
                             Activation act, int64_t in_features, bool need_dx, bool need_dw,
-                            bool need_db);
+                            bool need_db, const Tensor& dw_into = Tensor(), const Tensor& db_into = Tensor());
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                              const Shape& x_shape);
-// Returns {dw, db}; db undefined when with_bias is false.
+// Returns {dw, db}; db undefined when with_bias is false. dw_into and db_into, where defined,
+// are packed (NCHW) tensors of their shape, dtype and device that the gradients are written
+// into when the kernels work in that layout (dw_into is then the dw returned; db_into always is
+// the db returned); ShapeError for another shape.
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
                                                  const Conv2dParams& p, const Shape& w_shape,
-                                                 bool with_bias);
+                                                 bool with_bias, const Tensor& dw_into = Tensor(),
+                                                 const Tensor& db_into = Tensor());
 // db [K] of dy [N, K, P, Q] alone: the bias gradient conv2d_backward_weight returns.
 Tensor conv2d_backward_bias(const Tensor& dy);
 

@@ -193,7 +193,8 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dPara
 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
                                                  const Conv2dParams& p, const Shape& w_shape,
-                                                 bool with_bias) {
+                                                 bool with_bias, const Tensor& dw_into,
+                                                 const Tensor& db_into) {
   const char* op = "conv2d_backward_weight";
   check_same_device(op, {&x, &dy});
   check_same_dtype(op, {&x, &dy});
@@ -201,8 +202,10 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
   check_shape(op, dy, conv_out_shape(op, x.shape(), w_shape, p), "dy");
   Backend& be = backend_for(x.device());
   const MemoryFormat want = conv_format(x, dy), fmt = kernel_format(be, want);
-  Tensor dw(w_shape, x.dtype(), x.device(), fmt);
-  Tensor db = with_bias ? Tensor({w_shape[0]}, x.dtype(), x.device()) : Tensor();
+  // dw_into takes the kernels' output only in their layout (packed NCHW).
+  Tensor dw = dw_into.defined() ? output_into(op, dw_into, w_shape, x, "dw") : Tensor();
+  if (!dw.defined() || fmt != MemoryFormat::Contiguous) dw = Tensor(w_shape, x.dtype(), x.device(), fmt);
+  Tensor db = with_bias ? output_into(op, db_into, {w_shape[0]}, x, "db") : Tensor();
   be.conv2d_backward_weight(x.contiguous(fmt), dy.contiguous(fmt), p, dw, db);
   return {in_format(dw, fmt, want), db};
 }

@@ -1,5 +1,6 @@
 #include "parallel/flat_buffer.h"
 
+#include "autograd/node.h"
 #include "core/error.h"
 
 namespace tandem::parallel {
@@ -40,6 +41,14 @@ void FlatBuffer::collect() const {
     if (!g.defined() || g.same(views_[k])) continue;
     views_[k].copy_(g);
     params_[k].set_grad(views_[k]);
+  }
+}
+
+void FlatBuffer::zero_() const {
+  if (!flat_.defined()) return;
+  flat_.zero_();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].grad().same(views_[k])) autograd::mark_grad_zero(params_[k]);
   }
 }
 

@@ -45,7 +45,10 @@ class FlatBuffer {
   void collect() const;
   // Makes the gradients undefined again (the buffer is kept).
   void detach() const;
-  void zero_() const { if (flat_.defined()) flat_.zero_(); }
+  // Fills the buffer with zeros, and marks each attached gradient zero for autograd, so the
+  // next backward may write gradients straight into the buffer rather than add them to it
+  // (Note [gradients written in place] in autograd/node.h).
+  void zero_() const;
 
  private:
   std::vector<Tensor> params_;

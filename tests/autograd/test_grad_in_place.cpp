@@ -1,0 +1,174 @@
+// Note [gradients written in place] (autograd/node.h): after FlatBuffer::zero_(), the
+// backward functions of linear and conv2d write their parameters' gradients straight into the
+// buffer. The gradients must be those of the usual way (written apart, then added) bit for bit,
+// in every case the add covered: a parameter used twice, two backwards into one zeroing, a tensor
+// hook that replaces the gradient, a gradient set by hand after the zeroing.
+#include <vector>
+
+#include "autograd/ops.h"
+#include "catch.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "helpers.h"
+#include "kernels/ops.h"
+#include "parallel/flat_buffer.h"
+
+using namespace tandem;
+using tandem::test::values;
+
+namespace {
+
+struct Params {
+  Tensor w1, b1, w2, b2, cw, cb;
+  std::vector<Tensor> all() const { return {w1, b1, w2, b2, cw, cb}; }
+};
+
+Tensor leaf(const Shape& shape, Device d, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = uniform(shape, -0.5, 0.5, kFloat64, kCPU, &gen).to(d);
+  t.set_requires_grad();
+  return t;
+}
+
+// Fresh leaves with the same values on every call (seeded).
+Params make_params(Device d) {
+  return {leaf({3, 4}, d, 1), leaf({3}, d, 2), leaf({2, 3}, d, 3), leaf({2}, d, 4),
+          leaf({2, 1, 3, 3}, d, 5), leaf({2}, d, 6)};
+}
+
+// A small network of both kinds of layer: conv2d, its output as rows of 4, two linear layers.
+Tensor loss_of(const Params& p, Device d) {
+  Generator gen(7);
+  const Tensor img = uniform({2, 1, 4, 4}, -1.0, 1.0, kFloat64, kCPU, &gen).to(d);
+  const Tensor c = conv2d(img, p.cw, p.cb, {1, 1, 1, 1});           // [2, 2, 4, 4]
+  const Tensor x = reshape(c, {16, 4});                              // [16, 4]
+  const Tensor h = linear_activation(x, p.w1, p.b1, Activation::Sigmoid);  // [16, 3]
+  const Tensor y = linear(h, p.w2, p.b2);                            // [16, 2]
+  return sum(mul(y, y));
+}
+
+std::vector<std::vector<double>> grads_of(const Params& p) {
+  std::vector<std::vector<double>> out;
+  for (const Tensor& t : p.all()) out.push_back(values(t.grad()));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gradients written into a zeroed FlatBuffer equal the gradients added to it", "[autograd][grad_in_place]") {
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    // The usual way: each gradient written apart, then copied into the fresh .grad.
+    const Params ref = make_params(d);
+    loss_of(ref, d).backward();
+
+    const Params p = make_params(d);
+    parallel::FlatBuffer fb(p.all());
+    fb.attach();
+    fb.zero_();
+    // The weight's gradient reaches its accumulator as the buffer's own view: written in place.
+    bool lent = false;
+    p.w1.register_hook([&](const Tensor& g) {
+      lent = g.raw_data() == fb.views()[0].raw_data();
+      return Tensor();
+    });
+    loss_of(p, d).backward();
+    CHECK(lent);
+    CHECK(grads_of(p) == grads_of(ref));
+    for (size_t k = 0; k < p.all().size(); ++k) CHECK(p.all()[k].grad().same(fb.views()[k]));
+
+    // Two backwards into one zeroing: the second adds, as without the buffer.
+    const Params ref2 = make_params(d);
+    loss_of(ref2, d).backward();
+    loss_of(ref2, d).backward();
+    loss_of(p, d).backward();
+    CHECK(grads_of(p) == grads_of(ref2));
+
+    // A new zeroing lends again, and the result is again one backward's.
+    fb.zero_();
+    lent = false;
+    loss_of(p, d).backward();
+    CHECK(lent);
+    CHECK(grads_of(p) == grads_of(ref));
+  }
+}
+
+TEST_CASE("a parameter used twice, a hook that replaces the gradient, set_grad after zero_", "[autograd][grad_in_place]") {
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    Generator gen(11);
+    const Tensor x = uniform({5, 4}, -1.0, 1.0, kFloat64, kCPU, &gen).to(d);
+    // The same [4, 4] layer twice: its gradients are the sum of two uses, summed by the engine
+    // after the first use's gradient was written into the buffer.
+    const auto twice = [&](const Tensor& w, const Tensor& b) {
+      return sum(mul(linear(linear_activation(x, w, b, Activation::Relu), w, b), x));
+    };
+    Tensor rw = leaf({4, 4}, d, 12), rb = leaf({4}, d, 13);
+    twice(rw, rb).backward();
+    Tensor w = leaf({4, 4}, d, 12), b = leaf({4}, d, 13);
+    parallel::FlatBuffer fb({w, b});
+    fb.attach();
+    fb.zero_();
+    twice(w, b).backward();
+    CHECK(values(w.grad()) == values(rw.grad()));
+    CHECK(values(b.grad()) == values(rb.grad()));
+    CHECK(w.grad().same(fb.views()[0]));
+
+    // A tensor hook's replacement is what .grad receives.
+    Tensor hw = leaf({4, 4}, d, 12), hb = leaf({4}, d, 13);
+    parallel::FlatBuffer hfb({hw, hb});
+    hfb.attach();
+    hfb.zero_();
+    hw.register_hook([](const Tensor& g) { return g * 2.0; });
+    twice(hw, hb).backward();
+    CHECK(test::rel_error(hw.grad(), rw.grad() * 2.0) == 0.0);
+    CHECK(values(hb.grad()) == values(rb.grad()));
+
+    // A gradient set by hand after the zeroing is added to, not overwritten.
+    fb.zero_();
+    const Tensor ones_w = ones({4, 4}, kFloat64, d);
+    w.set_grad(ones_w);
+    twice(w, b).backward();
+    CHECK(test::rel_error(w.grad(), rw.grad() + 1.0) < 1e-15);
+    CHECK(w.grad().same(ones_w));
+  }
+}
+
+TEST_CASE("linear_backward and conv2d_backward_weight write into the tensors given, or name them", "[kernels][grad_in_place]") {
+  const Tensor x = uniform({6, 4}, -1.0, 1.0), w = uniform({3, 4}, -1.0, 1.0), dy = uniform({6, 3}, -1.0, 1.0);
+  const Tensor dw = zeros({3, 4}), db = zeros({3});
+  const kernels::LinearGrads want = kernels::linear_backward(dy, Tensor(), x, w, Activation::None, 4, true, true, true);
+  const kernels::LinearGrads got =
+      kernels::linear_backward(dy, Tensor(), x, w, Activation::None, 4, true, true, true, dw, db);
+  CHECK(got.dw.same(dw));
+  CHECK(got.db.same(db));
+  CHECK(values(dw) == values(want.dw));
+  CHECK(values(db) == values(want.db));
+  std::string msg = test::error_message<ShapeError>([&] {
+    kernels::linear_backward(dy, Tensor(), x, w, Activation::None, 4, false, true, false, zeros({4, 3}));
+  });
+  CHECK(test::contains(msg, "dw"));
+  CHECK(test::contains(msg, shape_str({4, 3})));
+  test::error_message<DTypeError>([&] {
+    kernels::linear_backward(dy, Tensor(), x, w, Activation::None, 4, false, false, true, Tensor(),
+                             zeros({3}, kFloat64));
+  });
+  // Not packed: a transposed view is refused.
+  msg = test::error_message<ShapeError>([&] {
+    kernels::linear_backward(dy, Tensor(), x, w, Activation::None, 4, false, true, false,
+                             zeros({4, 3}).transpose(0, 1));
+  });
+  CHECK(test::contains(msg, "not packed"));
+
+  const Tensor img = uniform({2, 1, 5, 5}, -1.0, 1.0), cdy = uniform({2, 2, 3, 3}, -1.0, 1.0);
+  const auto [cw, cb] = kernels::conv2d_backward_weight(img, cdy, {}, {2, 1, 3, 3}, true);
+  const Tensor cdw = zeros({2, 1, 3, 3}), cdb = zeros({2});
+  const auto [gw, gb] = kernels::conv2d_backward_weight(img, cdy, {}, {2, 1, 3, 3}, true, cdw, cdb);
+  CHECK(gw.same(cdw));
+  CHECK(gb.same(cdb));
+  CHECK(values(cdw) == values(cw));
+  CHECK(values(cdb) == values(cb));
+  msg = test::error_message<ShapeError>(
+      [&] { kernels::conv2d_backward_weight(img, cdy, {}, {2, 1, 3, 3}, true, Tensor(), zeros({3})); });
+  CHECK(test::contains(msg, "db"));
+}
