@@ -88,6 +88,41 @@ class CallbackScope {
   std::vector<std::function<void()>>* prev_;
 };
 
+// The leaves whose .grad grad_destination lent during this thread's run_backward (Note
+// [gradients written in place]). One whose AccumulateGrad did not run by the end -- a node
+// threw, or a backward function took the tensor and returned another gradient nowhere -- is
+// zeroed again and its mark dropped, so .grad is what the two-pass way would have left: the
+// zeros it held, the gradient never accumulated. Restores the outer list (a hook may run a
+// nested backward) on the way out.
+thread_local std::vector<std::weak_ptr<TensorImpl>>* t_lent = nullptr;
+class LentGradScope {
+ public:
+  LentGradScope() : prev_(t_lent) { t_lent = &lent_; }
+  ~LentGradScope() {
+    try {
+      finish();
+    } catch (...) {  // unwinding already: the exception on its way out is the one to report
+    }
+    t_lent = prev_;
+  }
+  LentGradScope(const LentGradScope&) = delete;
+  LentGradScope& operator=(const LentGradScope&) = delete;
+  void finish() {
+    for (const std::weak_ptr<TensorImpl>& weak : lent_) {
+      const std::shared_ptr<TensorImpl> impl = weak.lock();
+      AutogradMeta* m = impl ? meta_or_null(Tensor(impl)) : nullptr;
+      if (m == nullptr || !m->grad_lent) continue;
+      m->grad_lent = false;
+      m->grad.zero_();
+    }
+    lent_.clear();
+  }
+
+ private:
+  std::vector<std::weak_ptr<TensorImpl>> lent_;
+  std::vector<std::weak_ptr<TensorImpl>>* prev_;
+};
+
 // The node whose backward function this thread is running (for grad_destination).
 thread_local Node* running_node = nullptr;
 struct RunningNode {
@@ -156,6 +191,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   // off also keeps hooks that call differentiable ops from growing the graph.
   NoGradGuard no_grad;
   CallbackScope callbacks;
+  LentGradScope lent;  // after the callbacks: ended before them, also on a throw
 
   TaskMap tasks;
   std::vector<Node*> root_nodes;
@@ -230,6 +266,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (--next.dependencies == 0) push_ready(e.node.get());
     }
   }
+  lent.finish();  // before the callbacks, which may read the gradients
   callbacks.run();
 }
 
@@ -241,7 +278,7 @@ void mark_grad_zero(const Tensor& leaf) {  // Note [gradients written in place]
 }
 
 Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device) {
-  if (running_node == nullptr || input_nr >= running_node->next_edges.size()) return {};
+  if (running_node == nullptr || t_lent == nullptr || input_nr >= running_node->next_edges.size()) return {};
   const auto* acc = dynamic_cast<const AccumulateGrad*>(running_node->next_edges[input_nr].node.get());
   if (acc == nullptr) return {};
   const std::shared_ptr<TensorImpl> impl = acc->leaf.lock();
@@ -252,6 +289,7 @@ Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Devi
   if (g.shape() != shape || g.dtype() != dtype || g.device() != device || !g.is_contiguous()) return {};
   m->grad_zero = false;
   m->grad_lent = true;
+  t_lent->push_back(impl);
   return g;
 }
 

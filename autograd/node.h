@@ -131,6 +131,10 @@ struct AccumulateGrad : Node {
 //   tensor hook replaced it) it copies that into .grad, which then holds the whole gradient:
 //   .grad was zero before it was lent.
 //
+// - A .grad lent and not accumulated by the end of the backward (a node threw, or a function
+//   returned another gradient for that input and none reached the leaf) is zeroed again and
+//   its mark dropped: what the two-pass way leaves, the zeros it held.
+//
 // The values are those of the two-pass way bit for bit (x + 0 = x). What differs: during the
 // backward, before the leaf's AccumulateGrad runs, .grad already holds the new gradient, and
 // writes into .grad between mark_grad_zero and the backward by other means than set_grad

@@ -5,6 +5,7 @@
 // hook that replaces the gradient, a gradient set by hand after the zeroing.
 #include <vector>
 
+#include "autograd/function.h"
 #include "autograd/ops.h"
 #include "catch.h"
 #include "core/error.h"
@@ -131,6 +132,35 @@ TEST_CASE("a parameter used twice, a hook that replaces the gradient, set_grad a
     twice(w, b).backward();
     CHECK(test::rel_error(w.grad(), rw.grad() + 1.0) < 1e-15);
     CHECK(w.grad().same(ones_w));
+  }
+}
+
+TEST_CASE("a backward that throws after a gradient was lent leaves the zeros, and the next one adds", "[autograd][grad_in_place]") {
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    Generator gen(21);
+    const Tensor x = uniform({5, 4}, -1.0, 1.0, kFloat64, kCPU, &gen).to(d);
+    Tensor w = leaf({3, 4}, d, 22), b = leaf({3}, d, 23);
+    parallel::FlatBuffer fb({w, b});
+    fb.attach();
+    fb.zero_();
+    // w is used twice: by an op whose backward throws, recorded first (so it runs last), and
+    // by a linear layer, whose backward writes w's gradient into the buffer first.
+    Tensor boom = w.detach().clone();
+    autograd::record("Boom", {w}, {boom}, [](autograd::TensorList&&) -> autograd::TensorList {
+      throw ValueError("boom");
+    });
+    const Tensor loss = sum(linear(x, w, b)) + sum(boom);
+    CHECK_THROWS_AS(loss.backward(), ValueError);
+    // w's accumulator never ran: its gradient holds the zeros, as without the buffer; b's ran.
+    CHECK(values(w.grad()) == std::vector<double>(12, 0.0));
+    CHECK(w.grad().same(fb.views()[0]));
+    // The next backward (no zeroing) adds into those zeros: one backward's gradients.
+    Tensor rw = leaf({3, 4}, d, 22), rb = leaf({3}, d, 23);
+    sum(linear(x, rw, rb)).backward();
+    sum(linear(x, w, b)).backward();
+    CHECK(values(w.grad()) == values(rw.grad()));
+    CHECK(test::rel_error(b.grad(), rb.grad() * 2.0) < 1e-15);
   }
 }
 
