@@ -306,6 +306,8 @@ bool direct_conv();
 //   H200. ValueError for another letter. Environment: TANDEM_ROW_CONV.
 void set_row_conv_passes(const std::string& passes);
 std::string row_conv_passes();
+// Whether row_conv_passes() names `pass` ('f', 'd' or 'w'; false for another character).
+bool row_conv_pass_on(char pass);
 // fuse_bn_relu (default true): Residual blocks, and a Sequential's BatchNorm2d followed by a
 //   ReLU, run the batch norm + ReLU as one op (batch_norm_relu; Note [batch norm + ReLU]): the
 //   same values and gradients with one pass over the activations fewer forward and backward

@@ -52,13 +52,16 @@ std::atomic<bool>& fuse_activation_pool_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_ACT_POOL", true)};
   return flag;
 }
+constexpr const char* kRowPassesExpected =
+    ": expected letters among f, d, w (forward, input gradient, weight gradient), or - for none";
+int row_pass_bit(char pass) { return pass == 'f' ? 1 : pass == 'd' ? 2 : pass == 'w' ? 4 : -1; }
 // A set of convolution passes as bits: f (forward) 1, d (input gradient) 2, w (weight
 // gradient) 4; "-" is none. -1 for a string with any other character.
 int parse_row_passes(const std::string& s) {
   if (s == "-") return 0;
   int bits = 0;
   for (char c : s) {
-    const int bit = c == 'f' ? 1 : c == 'd' ? 2 : c == 'w' ? 4 : -1;
+    const int bit = row_pass_bit(c);
     if (bit < 0) return -1;
     bits |= bit;
   }
@@ -69,7 +72,7 @@ std::atomic<int>& row_conv_flag() {
     const char* v = std::getenv("TANDEM_ROW_CONV");
     if (v == nullptr || v[0] == '\0') return parse_row_passes("dw");
     const int bits = parse_row_passes(v);
-    TANDEM_CHECK(bits >= 0, Value, "TANDEM_ROW_CONV=", v, ": expected letters among f, d, w (forward, input gradient, weight gradient), or - for none");
+    TANDEM_CHECK(bits >= 0, Value, "TANDEM_ROW_CONV=", v, kRowPassesExpected);
     return bits;
   }()};
   return flag;
@@ -78,9 +81,12 @@ std::atomic<int>& row_conv_flag() {
 
 void set_row_conv_passes(const std::string& passes) {
   const int bits = parse_row_passes(passes);
-  TANDEM_CHECK(bits >= 0, Value, "set_row_conv_passes(\"", passes,
-               "\"): expected letters among f, d, w (forward, input gradient, weight gradient), or - for none");
+  TANDEM_CHECK(bits >= 0, Value, "set_row_conv_passes(\"", passes, "\")", kRowPassesExpected);
   row_conv_flag() = bits;
+}
+bool row_conv_pass_on(char pass) {
+  const int bit = row_pass_bit(pass);
+  return bit > 0 && (row_conv_flag() & bit) != 0;
 }
 std::string row_conv_passes() {
   const int bits = row_conv_flag();

@@ -21,7 +21,7 @@
 //   G images and one group of OT output channels; its images' rows are copied into shared
 //   memory (padded in width, not in height: a row above or below the image is skipped) with
 //   asynchronous copies, so the whole tile is in flight at once rather than a load at a time.
-// - Weight gradient: dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c, p + r - ph,
+// - Weight gradient (conv_rows_wgrad.cu): dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c, p + r - ph,
 //   q + s - pw]. A thread owns one filter row (c, r) for KT output channels, S * KT sums, and
 //   walks a row segment of one image: per output column one new input value enters the
 //   window and KT values of dy are loaded (two 16-byte loads in float32, the same for every
@@ -54,63 +54,27 @@
 // kernels of conv_direct.cu or to cuDNN (conv.cu decides); direct_conv() off
 // (TANDEM_DIRECT_CONV=0) sends every layer to cuDNN.
 #include <algorithm>
-#include <string>
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_direct.h"
-#include "kernels/cuda/conv_rows.h"
+#include "kernels/cuda/conv_rows.cuh"
 
 namespace tandem::gpu {
 
+namespace row_detail {
+
+bool shapes_fit(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
+  if (!own_conv_kernels_take(x, w, y, p)) return false;
+  // Padding no wider than the filter: the input gradient's own padding, R - 1 - pad, is >= 0.
+  return p.pad_h < w.size(2) && p.pad_w < w.size(3);
+}
+
+}  // namespace row_detail
+
 namespace {
 
-constexpr int kMaxRowThreads = 256;     // threads of a forward / input-gradient block
-constexpr int kMaxWgradTapThreads = 384;  // tap threads of a weight-gradient block
-constexpr int kWgradKTile = 8;          // output channels per weight-gradient thread (KT)
-constexpr int64_t kMaxRowTaps = 512;    // input channels * R * S of one output
-constexpr int64_t kMaxRowFilterRows = 7;
-constexpr int64_t kMaxSharedBytes = 48 * 1024;
-constexpr int kColumnTiles[] = {8, 7, 5, 4};  // the QC instantiated, preferred first on ties
-
-// ---- device helpers ---------------------------------------------------------------------
-
-// An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on); the
-// block waits for all of its copies with copy_wait_all() before a barrier.
-template <typename T>
-__device__ __forceinline__ void copy_async(T* dst_shared, const T* src_global) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async copies 4, 8 or 16 bytes");
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src_global), "n"(sizeof(T)));
-}
-__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// N consecutive elements of shared memory into registers, in 16-byte (or 8-byte) loads; the
-// address is a multiple of N elements from a 16-byte aligned base.
-template <int N, typename T>
-__device__ __forceinline__ void load_vec(const T* src, T (&v)[N]) {
-  if constexpr (std::is_same_v<T, float> && N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 a = reinterpret_cast<const float4*>(src)[i / 4];
-      v[i] = a.x, v[i + 1] = a.y, v[i + 2] = a.z, v[i + 3] = a.w;
-    }
-  } else if constexpr (std::is_same_v<T, float> && N == 2) {
-    const float2 a = reinterpret_cast<const float2*>(src)[0];
-    v[0] = a.x, v[1] = a.y;
-  } else if constexpr (std::is_same_v<T, double> && N % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 2) {
-      const double2 a = reinterpret_cast<const double2*>(src)[i / 2];
-      v[i] = a.x, v[i + 1] = a.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = src[i];
-  }
-}
-
-int round4(int64_t v) { return static_cast<int>(ceil_div(v, 4) * 4); }
+using namespace row_detail;
 
 // ---- forward and input gradient ---------------------------------------------------------
 
@@ -364,266 +328,9 @@ RowLaunch input_launch(const Shape& xs, const Shape& ws, const Shape& ys, const 
                     ws[3] - 1 - p.pad_w, true, elem);
 }
 
-// ---- weight gradient --------------------------------------------------------------------
-
-struct WgradShape {
-  int n;          // images
-  int c, h, w;    // input channels and size
-  int k, p, q;    // output channels and size
-  int r;          // filter rows (S is a template argument)
-  int ph, pw;     // zero padding
-  int hp, pitch;  // the padded tile: p + r - 1 rows of pitch (>= q + S - 1, odd) elements
-  int owners;     // tap threads per row segment: c * r
-  int segs, segw; // column segments per output row and their width
-  int imgs;       // images per round (staged together)
-  int lanes;      // row segments per round: imgs * p * segs
-  int chunk;      // images per block
-  int chunks;     // blocks along x
-  int tile;       // shared elements of the input tiles: imgs * c * hp * pitch, rounded up to 4
-  int dys;        // shared elements of dy: imgs * p * q * KT
-  int slots;      // partial sums per output channel: c * r * S (+ 1 for the bias)
-  int bias;       // 1: the block has the bias warp
-  int tap_threads;  // owners * lanes, rounded up to a warp (the bias warp follows)
-};
-
-struct WgradLaunch {
-  WgradShape g{};
-  int s = 0;
-  dim3 grid, block;
-  size_t shared = 0;
-  bool ok = false;
-};
-
-// Block (chunk j of images, output channels k0 .. k0 + KT). Tap thread t < owners * lanes owns
-// filter row (c, r) = (o / r, o % r), o = t % owners, and walks row segment t / owners of each
-// round's images; the bias warp, when there is one, sums each round's dy. See
-// Note [row convolution].
-template <typename T, int S>
-__global__ void __launch_bounds__(kMaxWgradTapThreads + 32)
-    row_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ partial, WgradShape g) {
-  constexpr int KT = kWgradKTile;
-  extern __shared__ __align__(16) unsigned char row_smem[];
-  T* tile = reinterpret_cast<T*>(row_smem);
-  T* dys = tile + g.tile;  // [imgs][p * q][KT]
-  const int j = blockIdx.x;
-  const int k0 = blockIdx.y * KT;
-  const int t = threadIdx.x;
-  const bool tap = t < g.owners * g.lanes;
-  const bool bias_warp = g.bias && t >= g.tap_threads;
-  const int owner = t % g.owners, lane = t / g.owners;
-  const int ci = owner / g.r, rr = owner - ci * g.r;
-  const int per_img = g.p * g.segs;
-  const int b = lane / per_img, lrem = lane - b * per_img;
-  const int pi = lrem / g.segs, q0 = (lrem - pi * g.segs) * g.segw;
-  const int qn = min(g.segw, g.q - q0);
-  const int pq = g.p * g.q;
-  T acc[S][KT] = {};
-  T accb = 0;  // the bias warp: channel (t & 31) % KT, positions in stripes of 32 / KT
-  const int n_begin = j * g.chunk, n_end = min(g.n, n_begin + g.chunk);
-  const int tile_rows = g.imgs * g.c * g.hp;
-  const int warps = blockDim.x >> 5, wid = t >> 5, wl = t & 31;
-  for (int n = n_begin; n < n_end; n += g.imgs) {
-    __syncthreads();  // the previous round's tiles are read no more
-    // The padded input rows: a warp per row.
-    for (int fr = wid; fr < tile_rows; fr += warps) {
-      const int bc = fr / g.hp, hh = fr - bc * g.hp - g.ph;
-      const int bimg = bc / g.c;
-      const bool inside = n + bimg < n_end && hh >= 0 && hh < g.h;
-      const T* src = x + ((static_cast<int64_t>(n) * g.c + bc) * g.h + hh) * g.w;
-      T* dst = tile + fr * g.pitch;
-      for (int col = wl; col < g.pitch; col += 32) {
-        const int ww = col - g.pw;
-        if (inside && ww >= 0 && ww < g.w) {
-          copy_async(dst + col, src + ww);
-        } else {
-          dst[col] = T(0);
-        }
-      }
-    }
-    // dy of the round's images for the block's channels, position-major; plane by plane.
-    for (int bk = 0; bk < g.imgs * KT; ++bk) {
-      const int bimg = bk / KT, kk = bk % KT;
-      const bool inside = n + bimg < n_end && k0 + kk < g.k;
-      const T* src = dy + (static_cast<int64_t>(n + bimg) * g.k + k0 + kk) * pq;
-      T* dst = dys + bimg * pq * KT + kk;
-      for (int pos = t; pos < pq; pos += blockDim.x) {
-        if (inside) {
-          copy_async(dst + pos * KT, src + pos);
-        } else {
-          dst[pos * KT] = T(0);
-        }
-      }
-    }
-    copy_wait_all();
-    __syncthreads();
-    if (tap && n + b < n_end && qn > 0) {
-      const T* xrow = tile + ((b * g.c + ci) * g.hp + pi + rr) * g.pitch + q0;
-      const T* drow = dys + (b * pq + pi * g.q + q0) * KT;
-      T xw[S];
-#pragma unroll
-      for (int s = 0; s < S - 1; ++s) xw[s] = xrow[s];
-      for (int qq = 0; qq < qn; ++qq) {
-        xw[S - 1] = xrow[qq + S - 1];
-        T dv[KT];
-        load_vec<KT>(drow + qq * KT, dv);
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-#pragma unroll
-          for (int kk = 0; kk < KT; ++kk) acc[s][kk] = fma(dv[kk], xw[s], acc[s][kk]);
-        }
-#pragma unroll
-        for (int s = 0; s < S - 1; ++s) xw[s] = xw[s + 1];
-      }
-    }
-    if (bias_warp) {
-      // Lane l adds channel l % KT at positions l / KT, l / KT + 32 / KT, ... of the round.
-      // Four sums in flight, added in a fixed order.
-      constexpr int kStripes = 32 / KT;
-      const int kk = wl % KT, total = g.imgs * pq;
-      T part[4] = {};
-      int pos = wl / KT;
-      for (; pos + 3 * kStripes < total; pos += 4 * kStripes) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) part[u] += dys[(pos + u * kStripes) * KT + kk];
-      }
-      for (int u = 0; pos < total; pos += kStripes, ++u) part[u] += dys[pos * KT + kk];
-      accb += (part[0] + part[1]) + (part[2] + part[3]);
-    }
-  }
-  // Add the row segments' sums pairwise in a fixed tree, in the shared memory of the tiles:
-  // while m segments remain, the last floor(m / 2) hand theirs to the first floor(m / 2). A
-  // thread's S * KT sums are consecutive (16-byte stores and loads), at a pitch 16 bytes
-  // longer, so that the eight threads of a quarter-warp meet in different banks.
-  T* red = tile;
-  constexpr int kPitch = S * KT + 16 / static_cast<int>(sizeof(T));
-  for (int m = g.lanes; m > 1;) {
-    const int h = m / 2, keep = m - h;
-    __syncthreads();
-    if (tap && lane >= keep && lane < m) {
-      T* dst = red + ((lane - keep) * g.owners + owner) * kPitch;
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) dst[s * KT + kk] = acc[s][kk];
-      }
-    }
-    __syncthreads();
-    if (tap && lane < h) {
-      const T* src = red + (lane * g.owners + owner) * kPitch;
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-#pragma unroll
-        for (int kk = 0; kk < KT; ++kk) acc[s][kk] += src[s * KT + kk];
-      }
-    }
-    m = keep;
-  }
-  const int taps = g.c * g.r * S;
-  if (tap && lane == 0) {
-    for (int kk = 0; kk < KT && k0 + kk < g.k; ++kk) {
-      T* dst = partial + (static_cast<int64_t>(j) * g.k + k0 + kk) * g.slots + (ci * g.r + rr) * S;
-#pragma unroll
-      for (int s = 0; s < S; ++s) dst[s] = acc[s][kk];
-    }
-  }
-  if (bias_warp) {
-    // The stripes of each channel, in lane order: lanes kk, kk + KT, ... hold channel kk.
-#pragma unroll
-    for (int d = 16; d >= KT; d /= 2) accb += __shfl_down_sync(0xffffffffu, accb, d);
-    if (wl < KT && k0 + wl < g.k) partial[(static_cast<int64_t>(j) * g.k + k0 + wl) * g.slots + taps] = accb;
-  }
-}
-
-// dw[k, o] (and db[k]) = the chunks' partial sums, in double: a block per 32 outputs, warp y of
-// 8 adding chunks y, y + 8, ... (coalesced across the outputs), then the warps in order.
-constexpr int kFinishSlices = 8;
-template <typename T>
-__global__ void __launch_bounds__(32 * kFinishSlices)
-    row_wgrad_finish(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int outputs, int slots,
-                     int taps, int chunks) {
-  __shared__ double sums[kFinishSlices][32];
-  const int x = threadIdx.x & 31, y = threadIdx.x >> 5;
-  const int i = blockIdx.x * 32 + x;
-  double sum = 0;
-  if (i < outputs) {
-    for (int jc = y; jc < chunks; jc += kFinishSlices) sum += static_cast<double>(partial[static_cast<int64_t>(jc) * outputs + i]);
-  }
-  sums[y][x] = sum;
-  __syncthreads();
-  if (y != 0 || i >= outputs) return;
-  double total = 0;
-#pragma unroll
-  for (int k = 0; k < kFinishSlices; ++k) total += sums[k][x];
-  const int ko = i / slots, o = i - ko * slots;
-  if (o < taps) {
-    dw[ko * taps + o] = static_cast<T>(total);
-  } else {
-    db[ko] = static_cast<T>(total);
-  }
-}
-
-// The weight gradient's launch: row segments (images, rows, column segments) per round so that
-// a block has up to kMaxWgradTapThreads tap threads, and chunks of images so that there are
-// about two blocks per multiprocessor. ok false where it does not fit in shared memory.
-WgradLaunch wgrad_launch(const Shape& xs, const Shape& ws, const Shape& ys, const Conv2dParams& p, bool with_bias,
-                         int64_t elem) {
-  WgradLaunch l{};
-  const int64_t n = xs[0], c = xs[1], k = ws[0], r = ws[2], s = ws[3], pp = ys[2], q = ys[3];
-  if (s != 3 && s != 5) return l;
-  if (r > kMaxRowFilterRows || c * r > kMaxWgradTapThreads) return l;
-  const int64_t owners = c * r, hp = pp + r - 1;
-  const int64_t pitch = (q + s - 1) | 1;
-  const auto staged = [&](int64_t imgs) {
-    return round4(imgs * c * hp * pitch) + imgs * pp * q * kWgradKTile;
-  };
-  int64_t imgs = 1, segs = 1;
-  if (owners * pp > kMaxWgradTapThreads) return l;
-  // More rows in flight while the block stays within its threads: a second image where its
-  // tiles fit, else halves of the rows (each restarts its window: S - 1 more loads).
-  while (owners * imgs * pp * segs * 2 <= kMaxWgradTapThreads) {
-    if (staged(imgs * 2) * elem <= kMaxSharedBytes && imgs * 2 <= n) {
-      imgs *= 2;
-    } else if (ceil_div(q, segs * 2) >= 2 * s) {
-      segs *= 2;
-    } else {
-      break;
-    }
-  }
-  const int64_t segw = ceil_div(q, segs);
-  const int64_t lanes = imgs * pp * segs;
-  const int64_t red = lanes / 2 * owners * (s * kWgradKTile + 16 / elem);  // kPitch per thread
-  if (std::max<int64_t>(staged(imgs), red) * elem > kMaxSharedBytes) return l;
-  const int64_t groups = ceil_div(k, kWgradKTile);
-  const int64_t want_chunks = std::max<int64_t>(1, one_wave_blocks() / 4 / groups);
-  const int64_t chunk = ceil_div(ceil_div(n, want_chunks), imgs) * imgs;
-  const auto i32 = [](int64_t v) { return static_cast<int>(v); };
-  WgradShape& g = l.g;
-  g.n = i32(n), g.c = i32(c), g.h = i32(xs[2]), g.w = i32(xs[3]);
-  g.k = i32(k), g.p = i32(pp), g.q = i32(q), g.r = i32(r), g.ph = i32(p.pad_h), g.pw = i32(p.pad_w);
-  g.hp = i32(hp), g.pitch = i32(pitch), g.owners = i32(owners), g.segs = i32(segs), g.segw = i32(segw);
-  g.imgs = i32(imgs), g.lanes = i32(lanes), g.chunk = i32(chunk), g.chunks = i32(ceil_div(n, chunk));
-  g.tile = round4(imgs * c * hp * pitch), g.dys = i32(imgs * pp * q * kWgradKTile);
-  g.slots = i32(c * r * s + (with_bias ? 1 : 0)), g.bias = with_bias ? 1 : 0;
-  g.tap_threads = i32(ceil_div(owners * lanes, 32) * 32);
-  l.s = i32(s);
-  l.grid = dim3(static_cast<unsigned>(g.chunks), static_cast<unsigned>(groups));
-  l.block = dim3(static_cast<unsigned>(g.tap_threads + (with_bias ? 32 : 0)));
-  l.shared = static_cast<size_t>(std::max<int64_t>(staged(imgs), red) * elem);
-  l.ok = true;
-  return l;
-}
-
-bool shapes_fit(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
-  if (!own_conv_kernels_take(x, w, y, p)) return false;
-  // Padding no wider than the filter: the input gradient's own padding, R - 1 - pad, is >= 0.
-  return p.pad_h < w.size(2) && p.pad_w < w.size(3);
-}
-
 // Whether row_conv_passes() names the pass (kernels/backend.h).
 bool pass_enabled(RowPass pass) {
-  const std::string passes = row_conv_passes();
-  const char letter = pass == RowPass::Forward ? 'f' : pass == RowPass::BackwardInput ? 'd' : 'w';
-  return passes.find(letter) != std::string::npos;
+  return row_conv_pass_on(pass == RowPass::Forward ? 'f' : pass == RowPass::BackwardInput ? 'd' : 'w');
 }
 
 }  // namespace
@@ -633,12 +340,12 @@ bool row_conv_applies(RowPass pass, const Tensor& x, const Tensor& w, const Tens
 }
 
 bool row_conv_fits(RowPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
-  if (!shapes_fit(x, w, y, p)) return false;
+  if (!row_detail::shapes_fit(x, w, y, p)) return false;
   const int64_t elem = static_cast<int64_t>(dtype_size(x.dtype()));
   switch (pass) {
     case RowPass::Forward: return forward_launch(x.shape(), w.shape(), y.shape(), p, elem).ok;
     case RowPass::BackwardInput: return input_launch(x.shape(), w.shape(), y.shape(), p, elem).ok;
-    case RowPass::BackwardWeight: return wgrad_launch(x.shape(), w.shape(), y.shape(), p, true, elem).ok;
+    case RowPass::BackwardWeight: return wgrad_fits(x.shape(), w.shape(), y.shape(), p, true, elem);
   }
   return false;
 }
@@ -661,29 +368,6 @@ void row_conv_backward_input(const Tensor& dy, const Tensor& w, const Conv2dPara
   dispatch_floating(dx.dtype(), "conv2d_backward_input", [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_rows<T>(l, cptr<T>(dy), cptr<T>(w), nullptr, ptr<T>(dx), stream);
-  });
-}
-
-void row_conv_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p, const Tensor& dw,
-                              const Tensor& db, cudaStream_t stream) {
-  const bool with_bias = db.defined();
-  const WgradLaunch l =
-      wgrad_launch(x.shape(), dw.shape(), dy.shape(), p, with_bias, static_cast<int64_t>(dtype_size(dw.dtype())));
-  TANDEM_CHECK(l.ok, Value, "row_conv_backward_weight: the row kernels do not take this convolution");
-  const WgradShape& g = l.g;
-  const int taps = g.c * g.r * l.s, outputs = g.k * g.slots;
-  dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    Tensor partial = empty({int64_t{g.chunks} * outputs}, dw.dtype(), dw.device());
-    if (l.s == 5) {
-      row_wgrad_kernel<T, 5><<<l.grid, l.block, l.shared, stream>>>(cptr<T>(x), cptr<T>(dy), ptr<T>(partial), g);
-    } else {
-      row_wgrad_kernel<T, 3><<<l.grid, l.block, l.shared, stream>>>(cptr<T>(x), cptr<T>(dy), ptr<T>(partial), g);
-    }
-    TANDEM_CUDA_CHECK_LAUNCH();
-    row_wgrad_finish<T><<<static_cast<unsigned>(ceil_div(outputs, 32)), 32 * kFinishSlices, 0, stream>>>(
-        cptr<T>(partial), ptr<T>(dw), with_bias ? ptr<T>(db) : nullptr, outputs, g.slots, taps, g.chunks);
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 
