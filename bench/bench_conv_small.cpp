@@ -131,8 +131,34 @@ int main(int argc, char** argv) {
         double direct = -1, rows = -1, err = -1;
         if (pass == 0 && gpu::direct_conv_applies(gpu::DirectPass::Forward, x, w, y, L.p))
           direct = graph_us([&] { gpu::direct_conv_forward(x, w, b, L.p, y, s); });
-        if (pass == 2 && gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, L.p))
+        std::string sweep;
+        if (pass == 0 && direct < 0 && gpu::direct_conv_applies(gpu::DirectPass::ForwardAnyTaps, x, w, y, L.p)) {
+          // A layer the direct forward leaves to cuDNN for its many taps: what it would take.
+          const double us = graph_us([&] { gpu::direct_conv_forward(x, w, b, L.p, y, s); });
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " direct, past its taps limit: %.2f (err %.1e)", us, relative_error(y, y_ref));
+          sweep = buf;
+        }
+        if (pass == 2 && gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, L.p)) {
           direct = graph_us([&] { gpu::direct_conv_backward_weight(x, dy, L.p, dw, db, s); });
+          const double direct_err = std::max(relative_error(dw, dw_ref), relative_error(db, db_ref));
+          // The direct kernel's launch shapes beside the default: images per block x threads.
+          for (int images : {1, 2, 4}) {
+            for (int threads : {256, 512}) {
+              set_direct_wgrad_shape({images, threads});
+              if (!gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, L.p)) continue;
+              const double us = graph_us([&] { gpu::direct_conv_backward_weight(x, dy, L.p, dw, db, s); });
+              const double e = std::max(relative_error(dw, dw_ref), relative_error(db, db_ref));
+              char buf[96];
+              std::snprintf(buf, sizeof buf, "  %dx%d %.2f (err %.1e)", images, threads, us, e);
+              sweep += buf;
+            }
+          }
+          set_direct_wgrad_shape({});
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " direct err %.1e; images per block x threads:", direct_err);
+          sweep = buf + sweep;
+        }
         if (pass == 0 && gpu::row_conv_fits(gpu::RowPass::Forward, x, w, y, L.p)) {
           rows = graph_us([&] { gpu::row_conv_forward(x, w, b, L.p, y, s); });
           err = relative_error(y, y_ref);
@@ -149,6 +175,7 @@ int main(int argc, char** argv) {
         if (err >= 0) std::snprintf(e, sizeof e, "%.1e", err);
         std::printf("%-24s %-6s %10s %10s %10s %10s %10s\n", L.name, pname, cell(cudnn[0]).c_str(),
                     cell(cudnn[1]).c_str(), cell(direct).c_str(), cell(rows).c_str(), e);
+        if (!sweep.empty()) std::printf("   %s\n", sweep.c_str());
       }
     }
     std::printf("(us per call inside a replayed graph of %d calls; median of %d replays; batch %lld)\n",

@@ -4,20 +4,22 @@
 # then LeNet trained with them in both cuDNN engine modes beside PyTorch's whole-step CUDA
 # graph, and the kernel timeline of tandem's replayed step.
 #
-#   bench/conv_rows_gpu.sh [--epochs N] [--tests] [--sanitize] [--ncu] [--quick]
+#   bench/conv_rows_gpu.sh [--epochs N] [--tests] [--suite] [--sanitize] [--ncu] [--quick]
 #
-# --tests first runs the convolution tests and the [cuda] tests; --sanitize runs the
-# small row-kernel tests ([rows]) under compute-sanitizer's memcheck and racecheck; --ncu profiles the row
+# --tests first runs the convolution tests and the [cuda] tests; --suite runs the whole test
+# suite instead; --sanitize runs the small row-kernel and direct-kernel tests ([rows],
+# [direct]) under compute-sanitizer's memcheck and racecheck; --ncu profiles the row
 # kernels' first launches with Nsight Compute; --quick runs only the convolution test and
 # trains only with tandem's own kernels as chosen. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/gpu_env.sh
-EPOCHS=5 TESTS=0 SAN=0 NCU=0 QUICK=0
+EPOCHS=5 TESTS=0 SUITE=0 SAN=0 NCU=0 QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --epochs) EPOCHS=$2; shift ;;
     --tests) TESTS=1 ;;
+    --suite) SUITE=1 ;;
     --sanitize) SAN=1 ;;
     --ncu) NCU=1 ;;
     --quick) QUICK=1 ;;
@@ -25,7 +27,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-build_gpu bench_train bench_conv_small tandem_kernel_timeline $([ "$TESTS$SAN" != 00 ] && echo tandem_tests) || exit 1
+if [ "$SUITE" = 1 ]; then build_gpu || exit 1  # the suite runs the examples and tandem-run too
+else build_gpu bench_train bench_conv_small tandem_kernel_timeline $([ "$TESTS$SAN" != 00 ] && echo tandem_tests) || exit 1; fi
 B=./build-gpu
 CONV='cuda conv2d forward and backward through cuDNN'
 if [ "$TESTS" = 1 ]; then
@@ -36,9 +39,15 @@ if [ "$TESTS" = 1 ]; then
     grep -B12 -A14 FAILED "$OUT/tests.log" | head -60
   done
 fi
+if [ "$SUITE" = 1 ]; then
+  start=$(date +%s)
+  TANDEM_DIST_TIMEOUT=60 timeout 300 $B/tests/tandem_tests > "$OUT/suite.log" 2>&1
+  echo "whole suite (rc $?, $(( $(date +%s) - start )) s): $(grep -E '^(All tests passed|test cases:)' "$OUT/suite.log" | tail -1)"
+  grep -B12 -A14 FAILED "$OUT/suite.log" | head -60
+fi
 if [ "$SAN" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool $B/tests/tandem_tests "[rows]" > "$OUT/san_$tool.log" 2>&1
+    timeout 150 compute-sanitizer --tool $tool $B/tests/tandem_tests "[rows],[direct]" > "$OUT/san_$tool.log" 2>&1
     echo "compute-sanitizer $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|All tests passed|test cases:' "$OUT/san_$tool.log" | tr '\n' ' ')"
   done
 fi

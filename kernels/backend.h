@@ -298,6 +298,17 @@ class Backend {
 //   TANDEM_DIRECT_CONV=0 turns it off.
 void set_direct_conv(bool on);
 bool direct_conv();
+// direct_wgrad_shape (default {0, 0}: chosen from the shapes): the launch shape of the direct
+//   weight-gradient kernel -- images per block and the target of threads per block -- for
+//   bench_conv_small's sweep and for the tests of the shapes a default does not reach. A
+//   setting, not a speed switch: every shape gives the same sums up to their order.
+//   ValueError for a negative value, or threads above 1024.
+struct DirectWgradShape {
+  int images_per_block = 0;
+  int threads = 0;
+};
+void set_direct_wgrad_shape(DirectWgradShape shape);
+DirectWgradShape direct_wgrad_shape();
 // row_conv_passes (default "dw"): the passes of a small stride-1 convolution (3- or 5-wide
 //   filters, few channels; LeNet's second layer) that tandem's row-window kernels take when
 //   direct_conv() is on (Note [row convolution] in kernels/cuda/conv_rows.cu): letters f

@@ -106,6 +106,19 @@ void set_fuse_conv_bias(bool on) { fuse_conv_bias_flag() = on; }
 bool fuse_conv_bias() { return fuse_conv_bias_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }
 bool direct_conv() { return direct_conv_flag(); }
+namespace {
+DirectWgradShape& direct_wgrad_shape_setting() {
+  static DirectWgradShape shape;
+  return shape;
+}
+}  // namespace
+void set_direct_wgrad_shape(DirectWgradShape shape) {
+  TANDEM_CHECK(shape.images_per_block >= 0 && shape.threads >= 0 && shape.threads <= 1024, Value,
+               "set_direct_wgrad_shape: images per block and threads must be >= 0 and threads <= 1024, got ",
+               shape.images_per_block, " and ", shape.threads);
+  direct_wgrad_shape_setting() = shape;
+}
+DirectWgradShape direct_wgrad_shape() { return direct_wgrad_shape_setting(); }
 void set_cudnn_deterministic(bool on) { deterministic_flag() = on; }
 bool cudnn_deterministic() { return deterministic_flag(); }
 void set_cudnn_graph_api(bool on) { graph_flag() = on; }

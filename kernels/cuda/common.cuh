@@ -177,6 +177,25 @@ inline int64_t one_wave_blocks() {
   return 8 * static_cast<int64_t>(sms);
 }
 
+// An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on): a
+// thread issues all of its copies without waiting for any, so a block's whole tile is in
+// flight at once rather than one load-then-store at a time. The block waits for all of its
+// copies with copy_wait_all() before a barrier.
+template <typename T>
+__device__ __forceinline__ void copy_async(T* dst_shared, const T* src_global) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src_global), "n"(sizeof(T)));
+}
+__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Closes the copies issued so far into a group; copy_wait_group<N>() waits until at most the N
+// most recent groups are still in flight (a double-buffered stage: N = 1 while the next one loads).
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Accumulator type of sums, as on the CPU: double for floating types, bfloat16 included (a
 // float32 sum of 10^6 terms loses digits otherwise; the kernels are memory-bound, so it costs
 // nothing), int64 for integers.

@@ -26,6 +26,15 @@
 //   l, l + lanes, ... for its kKTile channels; the lanes are added in a fixed tree and a
 //   second kernel adds the chunks in order, in double, a warp per weight. LeNet: 21 and 23 us
 //   for both layers' weight and bias gradients, against 32-39 us through cuDNN.
+// - Staging: both kernels copy their tiles with cp.async (copy_async), so a warp's copies are
+//   all in flight at once; copied one load and one store at a time, a warp of the first
+//   layer's weight gradient waited for 30-odd trips to memory in a row (the whole kernel: 16.5
+//   against 20 us; the second layer's gained nothing measurable, 21.6 against 22.8: its time is
+//   in the products). A block of the weight gradient takes one image (about kWgradBlocks blocks
+//   in all) or, for larger batches, several, with two stage buffers where they fit in shared
+//   memory, so that the next image loads while this one is multiplied; two images per block
+//   were measured slower for LeNet (26 against 21.6 us for the second layer, 18.5 against 16.5
+//   for the first: fewer blocks in flight, and the first layer's two buffers do not fit).
 //
 // Every output is a sum in a fixed order: the same bits on every run (Note [deterministic
 // reductions]), on a CUDA graph replay as eagerly. Used for stride 1, packed NCHW, float32
@@ -52,6 +61,7 @@ constexpr int64_t kMaxSharedBytes = 48 * 1024;
 constexpr int kMaxConvThreads = 512;
 constexpr int kMaxWgradThreads = 1024;
 constexpr int kWgradTargetThreads = 256;
+constexpr int64_t kWgradBlocks = 512;
 
 // The sizes of one pass, in 32-bit ints (direct_conv_applies keeps tensors below 2^31
 // elements): x [N, C, H, W] and y [N, K, P, Q].
@@ -107,23 +117,33 @@ ConvLayout conv_layout(const DirectShape& g) {
 }
 
 // The weight gradient's layout: a slot per tap (and one for the bias), lanes per slot, images
-// per block.
+// per block, and one stage buffer (an image's padded input and its dy for the block's channel
+// group), or two when a block takes several images: the next image then loads while this one
+// is multiplied.
 struct WgradLayout {
-  int slots, lanes, chunk, chunks;
+  int slots, lanes, chunk, chunks, buffers;
+  int64_t stage;  // elements of one stage buffer: the input tile, then dy as [P * Q][kKTile]
   int64_t shared_elems;
 };
 
-WgradLayout wgrad_layout(const DirectShape& g, bool with_bias) {
+WgradLayout wgrad_layout(const DirectShape& g, bool with_bias, int64_t elem) {
   WgradLayout l{};
   l.slots = g.c * g.r * g.s + (with_bias ? 1 : 0);
-  // As many lanes per slot as fit in ~256 threads (a power of two, for the tree), no more than
+  // As many lanes per slot as fit in the target (a power of two, for the tree), no more than
   // there are output rows.
+  const DirectWgradShape shape = direct_wgrad_shape();  // {0, 0} unless set (kernels/backend.h)
+  const int target = shape.threads > 0 ? shape.threads : kWgradTargetThreads;
   l.lanes = 1;
-  while (l.slots * l.lanes * 2 <= kWgradTargetThreads && l.lanes * 2 <= g.p) l.lanes *= 2;
-  // About 512 blocks: a few per multiprocessor, each with a long loop.
-  l.chunk = static_cast<int>(std::max<int64_t>(1, ceil_div(int64_t{g.n} * k_groups(g.k), 512)));
+  while (l.slots * l.lanes * 2 <= target && l.lanes * 2 <= g.p) l.lanes *= 2;
+  // About kWgradBlocks blocks, a few per multiprocessor; a function of the shapes alone, so
+  // the order of every sum is too (Note [deterministic reductions]).
+  const int64_t chunk = shape.images_per_block > 0 ? shape.images_per_block
+                                                         : ceil_div(int64_t{g.n} * k_groups(g.k), kWgradBlocks);
+  l.chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunk, g.n)));
   l.chunks = static_cast<int>(ceil_div(g.n, l.chunk));
-  l.shared_elems = std::max<int64_t>(g.tile + int64_t{g.p} * g.q * kKTile, int64_t{l.lanes} * l.slots * kKTile);
+  l.stage = g.tile + int64_t{g.p} * g.q * kKTile;
+  l.buffers = l.chunk > 1 && 2 * l.stage * elem <= kMaxSharedBytes ? 2 : 1;
+  l.shared_elems = std::max<int64_t>(l.buffers * l.stage, int64_t{l.lanes} * l.slots * kKTile);
   return l;
 }
 
@@ -142,7 +162,11 @@ __device__ inline void load_group<float>(const float* src, float (&v)[kKTile]) {
 }
 
 // Copies one image's input [C, H, W] into shared memory as the zero-padded tile (see
-// DirectShape): a warp per row, a thread per column, so one division per row.
+// DirectShape): a warp per row, a thread per column, so one division per row. The copies are
+// asynchronous (copy_async): every thread issues all of its copies before any has arrived, so
+// staging costs about one trip to memory instead of one per row a warp copies (18-32 of them
+// one after the other in LeNet's weight gradients, most of those kernels' time). The caller
+// waits with copy_wait_all() before its barrier.
 template <typename T>
 __device__ void stage_input(const T* __restrict__ src, T* __restrict__ tile, const DirectShape& g) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -154,7 +178,11 @@ __device__ void stage_input(const T* __restrict__ src, T* __restrict__ tile, con
     const T* srow = src + (static_cast<int64_t>(ci) * g.h + hh) * g.w;
     for (int col = lane; col < g.pitch; col += 32) {
       const int ww = col - g.pw;
-      tile[row * g.pitch + col] = inside && ww >= 0 && ww < g.w ? srow[ww] : T(0);
+      if (inside && ww >= 0 && ww < g.w) {
+        copy_async(tile + row * g.pitch + col, srow + ww);
+      } else {
+        tile[row * g.pitch + col] = T(0);
+      }
     }
   }
 }
@@ -183,12 +211,13 @@ __global__ void __launch_bounds__(kMaxConvThreads)
     const int o = i / kKTile, ko = k0 + i % kKTile;
     const int ci = o / rs, rem = o - ci * rs;
     const int rr = rem / s, ss = rem - rr * s;
-    T v = 0;
     if (ko < g.k) {
-      v = w[((ko * g.c + ci) * r + rr) * s + ss];
+      copy_async(filt + i, w + ((ko * g.c + ci) * r + rr) * s + ss);
+    } else {
+      filt[i] = T(0);
     }
-    filt[i] = v;
   }
+  copy_wait_all();
   __syncthreads();
   const int pq = g.p * g.q;
   const int rows = g.hp + 1;
@@ -248,18 +277,42 @@ __global__ void __launch_bounds__(kMaxConvThreads)
   }
 }
 
+// Stages image n for the weight gradient into `buf`: its padded input tile (stage_input), then
+// its dy for channels k0 .. k0 + kKTile as [P * Q][kKTile] (zeros past the last channel), all
+// with asynchronous copies; the caller waits for them.
+template <typename T>
+__device__ void stage_wgrad_image(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ buf,
+                                  const DirectShape& g, int n, int k0) {
+  stage_input(x + static_cast<int64_t>(n) * g.c * g.h * g.w, buf, g);
+  T* dys = buf + g.tile;
+  const int pq = g.p * g.q;
+  const T* dyn = dy + (static_cast<int64_t>(n) * g.k + k0) * pq;
+  for (int kk = 0; kk < kKTile; ++kk) {
+    for (int pos = threadIdx.x; pos < pq; pos += blockDim.x) {
+      if (k0 + kk < g.k) {
+        copy_async(dys + pos * kKTile + kk, dyn + kk * pq + pos);
+      } else {
+        dys[pos * kKTile + kk] = T(0);
+      }
+    }
+  }
+}
+
 // Block (chunk j of images, channel group): partial[j, k0 + kk, o] for every slot o (a tap, or
 // the bias). Thread t is slot t % slots in lane t / slots: a warp's threads are neighbouring
 // taps at the same output position, reading one dy value (a broadcast) and neighbouring inputs.
+// With two buffers, image n + 1 is copied in while image n is multiplied.
 template <typename T>
 __global__ void __launch_bounds__(kMaxWgradThreads)
     direct_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ partial, DirectShape g,
                         WgradLayout l) {
   extern __shared__ __align__(16) unsigned char direct_smem[];
-  T* tile = reinterpret_cast<T*>(direct_smem);
-  T* dys = tile + g.tile;  // [P * Q][kKTile]
+  T* const smem = reinterpret_cast<T*>(direct_smem);
   const int j = blockIdx.x;
   const int k0 = blockIdx.y * kKTile;
+  const int n0 = j * l.chunk, n1 = min(g.n, n0 + l.chunk);
+  // Image n's buffer (buffers == 2: they alternate).
+  const auto buffer = [&](int n) { return smem + (l.buffers > 1 ? ((n - n0) & 1) * l.stage : 0); };
   const int t = threadIdx.x;
   const int o = t % l.slots, lane = t / l.slots;
   const bool active = lane < l.lanes;
@@ -267,23 +320,31 @@ __global__ void __launch_bounds__(kMaxWgradThreads)
   const bool is_bias = o == taps;
   // The tile offset of tap o at output position (0, 0).
   const int off = is_bias ? 0 : ((o / rs) * (g.hp + 1) + (o % rs) / g.s) * g.pitch + o % g.s;
-  const int pq = g.p * g.q;
   T acc[kKTile] = {};
-  const int n1 = min(g.n, (j + 1) * l.chunk);
-  for (int n = j * l.chunk; n < n1; ++n) {
-    __syncthreads();  // the previous image's tiles are read no more
-    stage_input(x + static_cast<int64_t>(n) * g.c * g.h * g.w, tile, g);
-    const T* dyn = dy + (static_cast<int64_t>(n) * g.k + k0) * pq;
-    for (int kk = 0; kk < kKTile; ++kk) {
-      for (int pos = t; pos < pq; pos += blockDim.x)
-        dys[pos * kKTile + kk] = k0 + kk < g.k ? dyn[kk * pq + pos] : T(0);
+  if (l.buffers > 1) {
+    stage_wgrad_image(x, dy, smem, g, n0, k0);
+    copy_commit();
+  }
+  for (int n = n0; n < n1; ++n) {
+    __syncthreads();  // the buffer staged next was last read for the previous image
+    T* const cur = buffer(n);
+    if (l.buffers == 1) {
+      stage_wgrad_image(x, dy, cur, g, n, k0);
+      copy_wait_all();
+    } else if (n + 1 < n1) {
+      stage_wgrad_image(x, dy, buffer(n + 1), g, n + 1, k0);
+      copy_commit();
+      copy_wait_group<1>();  // image n has arrived; n + 1 may still be on its way
+    } else {
+      copy_wait_group<0>();
     }
     __syncthreads();
     if (active) {
       // Lane l takes the output rows l, l + lanes, ...: a plain loop over the row's columns,
       // which the compiler unrolls and whose loads it issues ahead.
+      const T* const dys = cur + g.tile;
       for (int pi = lane; pi < g.p; pi += l.lanes) {
-        const T* xrow = tile + off + pi * g.pitch;
+        const T* xrow = cur + off + pi * g.pitch;
         const T* drow = dys + pi * g.q * kKTile;
 #pragma unroll 4
         for (int qi = 0; qi < g.q; ++qi) {
@@ -298,7 +359,7 @@ __global__ void __launch_bounds__(kMaxWgradThreads)
   }
   // Add the lanes of each slot pairwise in a fixed tree, in the shared memory of the tiles.
   __syncthreads();
-  T* red = tile;  // [lanes][slots][kKTile]
+  T* red = smem;  // [lanes][slots][kKTile]
   if (active) {
 #pragma unroll
     for (int kk = 0; kk < kKTile; ++kk) red[(lane * l.slots + o) * kKTile + kk] = acc[kk];
@@ -373,10 +434,12 @@ bool direct_conv_applies(DirectPass pass, const Tensor& x, const Tensor& w, cons
   const int64_t elem = static_cast<int64_t>(dtype_size(x.dtype()));
   switch (pass) {
     case DirectPass::Forward:
-      return ws[1] * ws[2] * ws[3] <= kMaxForwardTaps &&
-             conv_layout(forward_shape(xs, ws, ys, p)).shared_elems * elem <= kMaxSharedBytes;
+      if (ws[1] * ws[2] * ws[3] > kMaxForwardTaps) return false;
+      [[fallthrough]];
+    case DirectPass::ForwardAnyTaps:
+      return conv_layout(forward_shape(xs, ws, ys, p)).shared_elems * elem <= kMaxSharedBytes;
     case DirectPass::BackwardWeight: {
-      const WgradLayout l = wgrad_layout(forward_shape(xs, ws, ys, p), /*with_bias=*/true);
+      const WgradLayout l = wgrad_layout(forward_shape(xs, ws, ys, p), /*with_bias=*/true, elem);
       return l.slots <= kMaxWgradThreads && l.shared_elems * elem <= kMaxSharedBytes;
     }
   }
@@ -396,7 +459,7 @@ void direct_conv_backward_weight(const Tensor& x, const Tensor& dy, const Conv2d
                                  const Tensor& db, cudaStream_t stream) {
   const bool with_bias = db.defined();
   const DirectShape g = forward_shape(x.shape(), dw.shape(), dy.shape(), p);
-  const WgradLayout l = wgrad_layout(g, with_bias);
+  const WgradLayout l = wgrad_layout(g, with_bias, static_cast<int64_t>(dtype_size(dw.dtype())));
   const int taps = g.c * g.r * g.s;
   dispatch_floating(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -9,7 +9,10 @@
 
 namespace tandem::gpu {
 
-enum class DirectPass { Forward, BackwardWeight };
+// ForwardAnyTaps: the forward kernel without its limit on taps per output, which leaves layers
+// like LeNet's second to cuDNN; for bench_conv_small, which measures it there. conv.cu asks
+// for Forward.
+enum class DirectPass { Forward, BackwardWeight, ForwardAnyTaps };
 
 // What every convolution kernel of tandem's own asks of a layer (the direct kernels here, the
 // row-window kernels of conv_rows.h): direct_conv() on (kernels/backend.h), float32 or float64,

@@ -19,16 +19,6 @@ constexpr int kColumnTiles[] = {8, 7, 5, 4};  // the QC instantiated, preferred 
 
 // ---- device helpers ---------------------------------------------------------------------
 
-// An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on); the
-// block waits for all of its copies with copy_wait_all() before a barrier.
-template <typename T>
-__device__ __forceinline__ void copy_async(T* dst_shared, const T* src_global) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async copies 4, 8 or 16 bytes");
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(dst_shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src_global), "n"(sizeof(T)));
-}
-__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // N consecutive elements of shared memory into registers, in 16-byte (or 8-byte) loads; the
 // address is a multiple of N elements from a 16-byte aligned base.
 template <int N, typename T>

@@ -228,3 +228,16 @@ TEST_CASE("row_conv_passes: letters f, d, w or -, bad values refused", "[kernels
   set_row_conv_passes(prev);
   CHECK(row_conv_passes() == prev);
 }
+
+TEST_CASE("direct_wgrad_shape: defaults, a set shape, bad values refused", "[kernels]") {
+  CHECK(direct_wgrad_shape().images_per_block == 0);
+  CHECK(direct_wgrad_shape().threads == 0);
+  set_direct_wgrad_shape({3, 512});
+  CHECK(direct_wgrad_shape().images_per_block == 3);
+  CHECK(direct_wgrad_shape().threads == 512);
+  CHECK_THROWS_AS(set_direct_wgrad_shape({-1, 0}), ValueError);
+  CHECK_THROWS_AS(set_direct_wgrad_shape({1, 2048}), ValueError);
+  CHECK(direct_wgrad_shape().images_per_block == 3);  // a refused value changes nothing
+  set_direct_wgrad_shape({});
+  CHECK(direct_wgrad_shape().threads == 0);
+}

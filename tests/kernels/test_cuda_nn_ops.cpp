@@ -136,6 +136,46 @@ TEST_CASE("cuda row-window convolution kernels, small", "[cuda][rows]") {
   }
 }
 
+// The direct weight-gradient kernel in launch shapes its default does not pick for these layers
+// (Note [direct convolution]): several images per block, double-buffered where two stages fit in
+// shared memory (LeNet's second layer) and single-buffered where they do not (its first), a
+// last block with fewer images, and more lanes per tap. Small enough for compute-sanitizer.
+TEST_CASE("cuda direct weight-gradient kernel in every launch shape", "[cuda][direct]") {
+  TANDEM_REQUIRE_CUDA();
+  struct Restore {
+    bool prev_direct = direct_conv();
+    ~Restore() {
+      set_direct_conv(prev_direct);
+      set_direct_wgrad_shape({});
+    }
+  } restore;
+  set_direct_conv(true);
+  const ConvCase cases[] = {
+      {{7, 6, 14, 14}, {16, 6, 5, 5}, {1, 1, 0, 0}},  // two buffers of 9 KB
+      {{7, 1, 28, 28}, {6, 1, 5, 5}, {1, 1, 2, 2}},   // one buffer: two would pass 48 KB
+      {{5, 2, 6, 7}, {3, 2, 3, 3}, {1, 1, 1, 0}},
+  };
+  const DirectWgradShape shapes[] = {{1, 0}, {3, 0}, {3, 512}, {2, 128}, {8, 1024}};
+  for (DType dt : kFloatTypes) {
+    for (const ConvCase& cc : cases) {
+      Tensor x = uniform(cc.x, -1.0, 1.0, dt);
+      Tensor dy = uniform({cc.x[0], cc.w[0], cc.x[2] + 2 * cc.p.pad_h - cc.w[2] + 1, cc.x[3] + 2 * cc.p.pad_w - cc.w[3] + 1},
+                          -1.0, 1.0, dt);
+      auto [dw, db] = kernels::conv2d_backward_weight(x, dy, cc.p, cc.w, true);
+      for (const DirectWgradShape& shape : shapes) {
+        INFO(dtype_name(dt) << " x " << shape_str(cc.x) << " w " << shape_str(cc.w) << ", " << shape.images_per_block
+                            << " images per block, " << shape.threads << " threads");
+        set_direct_wgrad_shape(shape);
+        auto [dwg, dbg] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, true);
+        check(dwg, dw, 4);
+        check(dbg, db, 4);
+        auto [dwg2, none] = kernels::conv2d_backward_weight(gpu(x), gpu(dy), cc.p, cc.w, false);
+        check(dwg2, dw, 4);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda max and average pooling", "[cuda]") {
   TANDEM_REQUIRE_CUDA();
   const std::pair<Shape, Pool2dParams> cases[] = {
