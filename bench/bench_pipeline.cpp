@@ -5,7 +5,11 @@
 // copies in one address space instead of messages through Gloo.
 //
 //   bench_pipeline --stages P --schedule gpipe|1f1b --micro-batches M [--steps S] [--width W]
-//                  [--layers L] [--batch B] [--trace FILE]
+//                  [--layers L] [--batch B | --micro-batch-rows R] [--trace FILE]
+//
+// --batch B (default 256) fixes the batch and cuts it into M micro-batches, so an action gets
+// cheaper as M grows; --micro-batch-rows R fixes the micro-batch instead (batch R x M), so every
+// action costs the same whatever M, as (P - 1)/(M + P - 1) assumes (GPipe's setting).
 //
 // Prints one line: "P 4 1f1b M 8 batch 256 steps 9: 12.34 ms per step". With --trace the
 // timeline of the steps after the first (one process per stage, one span per action) goes to
@@ -36,7 +40,7 @@ long number(const std::string& flag, const char* value) { return bench::positive
 
 int main(int argc, char** argv) {
   int P = 2, M = 4, steps = 10;
-  int64_t width = 512, layers = 4, batch = 256;
+  int64_t width = 512, layers = 4, batch = 0, rows = 0;
   std::string schedule = "1f1b", trace_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -48,11 +52,15 @@ int main(int argc, char** argv) {
     else if (a == "--width") width = number(a, v);
     else if (a == "--layers") layers = number(a, v);
     else if (a == "--batch") batch = number(a, v);
+    else if (a == "--micro-batch-rows") rows = number(a, v);
     else if (a == "--schedule") schedule = v;
     else if (a == "--trace") trace_path = v;
     else usage("unknown argument " + a);
   }
   if (steps < 2) usage("--steps must be at least 2 (the first warms up)");
+  if (batch > 0 && rows > 0) usage("give --batch or --micro-batch-rows, not both");
+  if (rows > 0) batch = rows * M;
+  else if (batch == 0) batch = 256;
   try {
     Generator gen(5);
     auto model = std::make_shared<nn::SequentialImpl>();
