@@ -1,7 +1,10 @@
 #include "common/cli.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -17,6 +20,7 @@
 #include "parallel/device_api.h"
 #include "parallel/distributed/env.h"
 #include "parallel/distributed/process_group.h"
+#include "parallel/pipeline/split.h"
 #include "nn/sync_batchnorm.h"
 
 namespace tandem::examples {
@@ -79,6 +83,34 @@ void configure_zero(const Args& args, TrainConfig& cfg) {
                     "(tandem-run --nproc-per-node N ...) or with --distributed");
 }
 
+// --balance parameters|time|N,N,...: how the layers are cut into stages. A list must be whole
+// numbers of at least one layer each; whether it has a stage per device and adds up to the
+// model's layers is checked in check_pipeline_model.
+void parse_balance(const std::string& v, TrainConfig& cfg) {
+  if (v == "parameters" || v == "time") {
+    cfg.balance_by = v;
+    return;
+  }
+  std::vector<int64_t> balance;
+  for (size_t at = 0;;) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    const std::string item = v.substr(at, comma - at);
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0)
+      throw ArgsError("--balance: '" + v + "' is not parameters, time or a list of layer counts such as 7,5");
+    balance.push_back(n);
+    if (comma == v.size()) break;
+    at = comma + 1;
+  }
+  for (size_t s = 0; s < balance.size(); ++s)
+    if (balance[s] < 1)
+      throw ArgsError("--balance " + v + ": stage " + std::to_string(s) + " gets " + std::to_string(balance[s]) +
+                      " layers; every stage needs at least one");
+  cfg.balance = balance;
+}
+
 // --parallel pipeline's flags (the model's layers are checked in check_pipeline_model, once
 // the program has said what its model is). Each bad combination is one ArgsError.
 void configure_pipeline(const Args& args, TrainConfig& cfg) {
@@ -89,7 +121,7 @@ void configure_pipeline(const Args& args, TrainConfig& cfg) {
       throw ArgsError("--precision " + cfg.precision + " is not supported with --parallel tensor yet");
   }
   if (cfg.parallel != "pipeline") {
-    for (const char* name : {"micro-batches", "schedule"})
+    for (const char* name : {"micro-batches", "schedule", "balance"})
       if (args.given(name)) throw ArgsError(std::string("--") + name + " is for --parallel pipeline");
     return;
   }
@@ -98,6 +130,7 @@ void configure_pipeline(const Args& args, TrainConfig& cfg) {
   if (cfg.micro_batches > cfg.batch_size)
     throw ArgsError("--micro-batches " + std::to_string(cfg.micro_batches) + " is larger than --batch-size " +
                     std::to_string(cfg.batch_size) + " (a micro-batch would be empty)");
+  if (args.given("balance")) parse_balance(args.str("balance"), cfg);
   for (const char* name : {"checkpoint", "resume", "detect-anomaly"})
     if (args.given(name)) throw ArgsError(std::string("--") + name + " is not supported with --parallel pipeline yet");
   if (cfg.precision != "fp32")
@@ -125,6 +158,27 @@ void check_pipeline_model(const TrainConfig& cfg, const std::string& description
   if (stages > static_cast<int64_t>(model->size()))
     throw ArgsError("--parallel pipeline: " + std::to_string(stages) + (cfg.distributed ? " processes" : " devices") +
                     " for " + std::to_string(model->size()) + " layers; every stage needs at least one layer");
+  if (cfg.balance.empty()) return;
+  std::string list;
+  int64_t total = 0;
+  for (int64_t n : cfg.balance) {
+    list += (list.empty() ? "" : ",") + std::to_string(n);
+    total += n;
+  }
+  if (static_cast<int64_t>(cfg.balance.size()) != stages)
+    throw ArgsError("--balance " + list + " has " + std::to_string(cfg.balance.size()) + " stages but there are " +
+                    std::to_string(stages) + (cfg.distributed ? " processes" : " devices"));
+  if (total != static_cast<int64_t>(model->size()))
+    throw ArgsError("--balance " + list + " adds up to " + std::to_string(total) + " layers but " + description +
+                    " has " + std::to_string(model->size()));
+}
+
+// ", balance [7, 5] by time" when --balance chose the stages; "" otherwise (the header line of
+// a run without the flag stays what it was).
+std::string balance_note(const TrainConfig& cfg) {
+  if (cfg.balance.empty()) return "";
+  return ", balance " + parallel::pipeline::balance_str(cfg.balance) +
+         (cfg.balance_by == "time" ? " by time" : cfg.balance_by == "parameters" ? " by parameter count" : "");
 }
 
 // "cuda:0", "cpu:0,cpu:1 [scratch/ring]", "2 processes (gloo, cpu)", "2 processes (nccl, one GPU each)".
@@ -136,14 +190,15 @@ std::string where(const TrainConfig& cfg) {
            (d.is_cpu() ? "cpu" : n == 1 ? d.str() : "one GPU each") + ")" +
            (cfg.zero == 0 ? "" : cfg.zero == 3 ? " [ZeRO-3: FSDP]" : " [ZeRO-" + std::to_string(cfg.zero) + "]") +
            (cfg.parallel == "pipeline" ? " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) +
-                                             " micro-batches, a stage per process]"
+                                             " micro-batches, a stage per process" + balance_note(cfg) + "]"
             : cfg.parallel == "tensor" ? " [tensor, a shard per process]"
                                        : "");
   }
   std::string devs;
   for (Device d : cfg.devices) devs += (devs.empty() ? "" : ",") + d.str();
   if (cfg.parallel == "pipeline")
-    return devs + " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) + " micro-batches]";
+    return devs + " [pipeline " + cfg.schedule + ", " + std::to_string(cfg.micro_batches) + " micro-batches" +
+           balance_note(cfg) + "]";
   if (cfg.devices.size() < 2) return devs;
   return devs + " [" + cfg.parallel + (cfg.parallel == "scratch" ? "/" + cfg.comm : "") + "]";
 }
@@ -160,6 +215,9 @@ void add_common_flags(Args& args) {
                                      "over the devices, or over the processes under a launcher)");
   args.option("micro-batches", "1", "--parallel pipeline: micro-batches per batch");
   args.option("schedule", "1f1b", "--parallel pipeline: gpipe|1f1b");
+  args.option("balance", "parameters", "--parallel pipeline: the layers per stage: parameters (the largest stage's "
+                                       "parameter count as small as it can be), time (its measured forward + "
+                                       "backward time; measured before training) or a list such as 7,5");
   args.option("comm", "nccl", "gradient allreduce of the scratch path: naive|ring|nccl (nccl: GPUs only; "
                               "ring on CPU devices and on devices that share a GPU)");
   args.option("epochs", "10", "training epochs");
@@ -305,6 +363,8 @@ int train_main(int argc, char** argv, const ProgramSpec& spec) {
       };
       description += ", SyncBatchNorm";
     }
+    // --balance parameters|time: chosen once, the same on every rank, before the header names it.
+    if (!cfg.balance_by.empty()) cfg.balance = choose_pipeline_balance(cfg);
     // Only one process speaks: the only one, or rank 0 of the job (the numbers are the job's).
     const bool speak = reports(cfg);
     if (speak) {

@@ -1,7 +1,8 @@
 // The pipeline steppers (--parallel pipeline): the model's layers cut into stages, on the
 // devices of this process (parallel::pipeline::Pipeline, one worker thread per stage) or one
-// stage per process of a job (ProcessPipeline, stage s on rank s). The cut is
-// balance_by_parameters; the optimizer of each process is over the parameters it holds.
+// stage per process of a job (ProcessPipeline, stage s on rank s). The cut is cfg.balance (from
+// --balance), else balance_by_parameters; the optimizer of each process is over the parameters
+// it holds.
 //
 // Note [pipeline stepper numbers]
 // Every micro-batch's loss is scaled by n_m / B (Note [loss scaling for micro-batches]), so a
@@ -14,6 +15,7 @@
 // (the numbers the others hold are the last stage's anyway, and a stop vote counts when the
 // last stage got the signal). A batch with fewer rows than micro-batches (the last of an
 // epoch) runs with one micro-batch per row.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,12 +24,16 @@
 #include "autograd/ops.h"
 #include "common/stepper.h"
 #include "core/error.h"
+#include "core/generator.h"
 #include "kernels/ops.h"
 #include "nn/container.h"
 #include "parallel/distributed/process_group.h"
+#include "parallel/pipeline/microbatch.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/pipeline/process_boundary.h"
+#include "parallel/pipeline/split.h"
 #include "parallel/trace.h"
+#include "parallel/workers.h"
 
 namespace tandem::examples {
 
@@ -58,7 +64,8 @@ class PipelineStepper final : public Stepper {
   explicit PipelineStepper(const TrainConfig& cfg)
       : cfg_(cfg), model_(build_sequential(cfg)), home_(cfg.devices.front()) {
     model_->train();
-    stages_ = pp::split_by_parameters(*model_, cfg.devices);
+    stages_ = cfg.balance.empty() ? pp::split_by_parameters(*model_, cfg.devices)
+                                  : pp::split_by_balance(*model_, cfg.balance, cfg.devices);
     correct_ = zeros({1}, kInt64, cfg.devices.back());
     opt_ = make_optimizer(cfg, model_->parameters());
     if (!cfg.trace.empty()) trace_ = std::make_unique<parallel::Trace>(cfg.devices);
@@ -131,7 +138,8 @@ class ProcessPipelineStepper final : public Stepper {
   explicit ProcessPipelineStepper(const TrainConfig& cfg)
       : cfg_(cfg), group_(cfg.group), model_(build_sequential(cfg)), device_(cfg.devices.front()) {
     model_->train();
-    const auto balance = pp::balance_by_parameters(*model_, group_->size());
+    const auto balance =
+        cfg.balance.empty() ? pp::balance_by_parameters(*model_, group_->size()) : cfg.balance;
     stage_ = pp::stage_of_balance(*model_, balance, group_->rank(), device_);
     correct_ = zeros({1}, kInt64, device_);
     opt_ = make_optimizer(cfg, stage_.module->parameters());
@@ -215,7 +223,59 @@ class ProcessPipelineStepper final : public Stepper {
   int64_t steps_ = 0;
 };
 
+// The profile's repeats: the median of 5 runs per layer, after a warm-up.
+constexpr int kBalanceRepeats = 5;
+
+// What balance_by_time profiles: one micro-batch of random images (torchgpipe's sample is
+// torch.rand too; a layer's time does not depend on the values), drawn from a generator of its
+// own so that the run's random numbers stay those of a run without the profile.
+Tensor sample_micro_batch(const TrainConfig& cfg) {
+  const int64_t batch = cfg.train_limit > 0 ? std::min(cfg.batch_size, cfg.train_limit) : cfg.batch_size;
+  Shape shape = {pp::micro_batch_sizes(batch, static_cast<int>(std::min(cfg.micro_batches, batch)))[0]};
+  shape.insert(shape.end(), cfg.input_shape.begin(), cfg.input_shape.end());
+  Generator gen(cfg.seed);
+  return rand(shape, kFloat32, kCPU, &gen);
+}
+
+std::vector<int64_t> choose_balance_here(const TrainConfig& cfg, int num_stages) {
+  auto model = build_sequential(cfg);
+  if (cfg.balance_by == "parameters") return pp::balance_by_parameters(*model, num_stages);
+  model->to(cfg.devices.front());
+  model->train();
+  const Tensor sample = sample_micro_batch(cfg);
+  auto measure = [&] { return pp::balance_by_time(*model, sample, num_stages, kBalanceRepeats); };
+  if (cfg.group) return measure();
+  // In one process each stage runs on its device's worker thread with one BLAS thread (Note
+  // [one BLAS thread per virtual device]); profiled on the main thread with all of OpenBLAS's
+  // threads, the convolutions' products looked cheaper than the stages then found them. So the
+  // profile runs where stage 0 will, on the first device's worker.
+  std::vector<int64_t> balance;
+  parallel::DeviceWorkers workers(cfg.devices);
+  workers.run([&](size_t rank) {
+    if (rank == 0) balance = measure();
+  });
+  return balance;
+}
+
 }  // namespace
+
+// Note [one balance for every rank]
+// Every rank of a job cuts the same model, and the ranks must agree on where: a rank that took
+// layers 0-6 and a neighbour that took 8-11 would exchange activations of the wrong shape, or
+// wait for each other's messages forever. Parameter counts are the same everywhere, measured
+// times are not (each process measures its own noise). So rank 0 chooses and broadcasts the
+// balance over the group, and every rank uses what it received; in one process the devices'
+// stages are cut from the one answer anyway. The time is measured on the first device (in a
+// job, rank 0's), on one micro-batch: what each stage runs at once.
+std::vector<int64_t> choose_pipeline_balance(const TrainConfig& cfg) {
+  if (!cfg.group) return choose_balance_here(cfg, static_cast<int>(cfg.devices.size()));
+  const int P = cfg.group->size();
+  Tensor balance = zeros({P}, kInt64, cfg.devices.front());
+  if (cfg.group->rank() == 0)
+    balance.copy_(from_vector(choose_balance_here(cfg, P), {P}).to(balance.device()));
+  cfg.group->broadcast(balance, 0)->wait();
+  return balance.to_vector<int64_t>();
+}
 
 std::unique_ptr<Stepper> make_pipeline_stepper(const TrainConfig& cfg) {
   if (cfg.group) return std::make_unique<ProcessPipelineStepper>(cfg);

@@ -103,6 +103,10 @@ std::unique_ptr<Stepper> make_stepper(const TrainConfig& cfg);
 // cfg.parallel == "pipeline": the model's stages on cfg.devices (one process), or this rank's
 // stage of cfg.group's pipeline (pipeline_stepper.cpp).
 std::unique_ptr<Stepper> make_pipeline_stepper(const TrainConfig& cfg);
+// --balance parameters|time (cfg.balance_by): the layers of each of cfg's stages -- the devices
+// of this process, or the processes of cfg.group -- chosen on one process and the same on every
+// rank (Note [one balance for every rank], pipeline_stepper.cpp). Every rank of a job calls it.
+std::vector<int64_t> choose_pipeline_balance(const TrainConfig& cfg);
 // cfg.parallel == "tensor": the model's first Linear -> activation -> Linear split over
 // cfg.devices (tensor_stepper.cpp).
 std::unique_ptr<Stepper> make_tensor_parallel_stepper(const TrainConfig& cfg);

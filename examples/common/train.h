@@ -33,6 +33,12 @@ struct TrainConfig {
   // job), each batch in micro_batches micro-batches, run by schedule (gpipe | 1f1b).
   int64_t micro_batches = 1;
   std::string schedule = "1f1b";
+  // --balance: the layers of each stage, in order; empty: balance_by_parameters. balance_by says
+  // how it was chosen: "parameters" or "time" (choose_pipeline_balance fills balance before the
+  // stepper is made), or "" for a list given as it is.
+  std::vector<int64_t> balance;
+  std::string balance_by;
+  Shape input_shape = {1, 28, 28};      // one image as the loader gives it (balance_by time's sample)
   std::string comm = "nccl";            // naive | ring | nccl (scratch path)
   int64_t epochs = 10;
   int64_t batch_size = 256;             // global batch, split across devices or processes

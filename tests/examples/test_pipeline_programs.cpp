@@ -1,6 +1,7 @@
 // lenet and resnet with --parallel pipeline on tiny Fashion-MNIST-shaped data (tiny_dataset.h):
 // the stages on virtual CPU devices of one process, and one stage per process under tandem-run
-// (Gloo), print the numbers of the program on one device (loss to 1e-4), and so does
+// (Gloo), print the numbers of the program on one device (loss to 1e-4), whatever --balance
+// cuts the layers (by parameter count, by measured time, or as listed), and so does
 // --parallel tensor on virtual CPU devices and with one shard per process under tandem-run; the
 // bad combinations of flags are one line and exit code 2.
 #ifdef TANDEM_LENET_PATH
@@ -57,14 +58,25 @@ TEST_CASE("lenet --parallel pipeline on virtual CPU devices prints the one-devic
   for (const char* batch : {" --batch-size 16", " --batch-size 30"}) {
     Result one = run_program(std::string(TANDEM_LENET_PATH) + " " + common + batch + " --device cpu", dir);
     REQUIRE(one.code == 0);
-    for (const char* flags : {" --devices cpu:0,cpu:1 --micro-batches 4 --schedule 1f1b",
-                              " --devices cpu:0,cpu:1,cpu:2 --micro-batches 3 --schedule gpipe",
-                              " --devices cpu:0,cpu:1 --micro-batches 8"}) {
+    // The flags, and what the header line says of the layout (the balance only where --balance
+    // chose it; the measured one differs from machine to machine).
+    const std::vector<std::pair<const char*, const char*>> runs = {
+        {" --devices cpu:0,cpu:1 --micro-batches 4 --schedule 1f1b", "[pipeline 1f1b, 4 micro-batches]"},
+        {" --devices cpu:0,cpu:1,cpu:2 --micro-batches 3 --schedule gpipe", "[pipeline gpipe, 3 micro-batches]"},
+        {" --devices cpu:0,cpu:1 --micro-batches 8", "[pipeline 1f1b, 8 micro-batches]"},
+        {" --devices cpu:0,cpu:1 --micro-batches 4 --balance time", "[pipeline 1f1b, 4 micro-batches, balance ["},
+        {" --devices cpu:0,cpu:1 --micro-batches 2 --balance parameters",
+         "[pipeline 1f1b, 2 micro-batches, balance [8, 4] by parameter count]"},
+        {" --devices cpu:0,cpu:1,cpu:2 --micro-batches 2 --balance 2,3,7",
+         "[pipeline 1f1b, 2 micro-batches, balance [2, 3, 7]]"},
+    };
+    for (const auto& [flags, header] : runs) {
       Result pipe = run_program(std::string(TANDEM_LENET_PATH) + " " + common + batch + " --parallel pipeline" + flags,
                                 dir);
       INFO(batch << flags << "\n" << one.output << "\n---\n" << pipe.output);
       REQUIRE(pipe.code == 0);
-      CHECK(pipe.output.find("micro-batches]") != std::string::npos);
+      CHECK(pipe.output.find(header) != std::string::npos);
+      if (std::string(flags).find("time") != std::string::npos) CHECK(pipe.output.find("] by time]") != std::string::npos);
       check_same_numbers(one.output, pipe.output, 2);
     }
   }
@@ -108,7 +120,10 @@ TEST_CASE("lenet --parallel pipeline under tandem-run, a stage per process, prin
   const std::string common = tiny_flags(dir) + " --batch-size 16";
   Result one = run_program(std::string(TANDEM_LENET_PATH) + " " + common + " --device cpu", dir);
   REQUIRE(one.code == 0);
-  for (const char* flags : {" --micro-batches 4 --schedule 1f1b", " --micro-batches 3 --schedule gpipe"}) {
+  // --balance time: rank 0 measures, every rank cuts where it says (Note [one balance for every
+  // rank]); ranks that cut differently would not finish.
+  for (const char* flags : {" --micro-batches 4 --schedule 1f1b", " --micro-batches 3 --schedule gpipe",
+                            " --micro-batches 4 --balance time"}) {
     Result job = run_program(std::string("TANDEM_DIST_TIMEOUT=20 ") + TANDEM_RUN_PATH +
                                  " --standalone --grace-seconds 1 --nproc-per-node 2 " + TANDEM_LENET_PATH + " " +
                                  common + " --device cpu --parallel pipeline" + flags + " --trace " +
@@ -117,6 +132,8 @@ TEST_CASE("lenet --parallel pipeline under tandem-run, a stage per process, prin
     INFO(flags << "\n" << one.output << "\n---\n" << job.output);
     REQUIRE(job.code == 0);
     CHECK(job.output.find("on 2 processes (gloo, cpu) [pipeline") != std::string::npos);
+    if (std::string(flags).find("time") != std::string::npos)
+      CHECK(job.output.find("a stage per process, balance [") != std::string::npos);
     CHECK(job.output.find("[rank 1]") == std::string::npos);  // rank 0 alone speaks
     check_same_numbers(one.output, job.output, 2);
     // One lane per stage: both ranks' spans, F and B actions, in the merged timeline.
@@ -138,6 +155,14 @@ TEST_CASE("lenet --parallel pipeline under tandem-run, a stage per process, prin
   CHECK(many.code != 0);
   CHECK(many.output.find("lenet: --parallel pipeline: 13 processes for 12 layers; every stage needs at least one "
                          "layer") != std::string::npos);
+  // A balance for another number of stages: the same, before any rank waits for another.
+  Result wrong = run_program(std::string("TANDEM_DIST_TIMEOUT=20 ") + TANDEM_RUN_PATH +
+                                 " --standalone --grace-seconds 1 --nproc-per-node 2 " + TANDEM_LENET_PATH + " " +
+                                 common + " --device cpu --parallel pipeline --balance 3,3,6",
+                             dir);
+  INFO(wrong.output);
+  CHECK(wrong.code != 0);
+  CHECK(wrong.output.find("lenet: --balance 3,3,6 has 3 stages but there are 2 processes") != std::string::npos);
 }
 
 TEST_CASE("lenet --parallel tensor under tandem-run, a shard per process, prints the one-device numbers",
@@ -205,6 +230,23 @@ TEST_CASE("lenet and resnet reject bad pipeline flags with one line and exit cod
       {TANDEM_RESNET_PATH, "--parallel tensor --devices cpu:0,cpu:1",
        "resnet: --parallel tensor: ResNet-18 has no Linear -> ReLU/Sigmoid -> Linear whose 2 devices each get at "
        "least one feature of the middle"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 7,0",
+       "lenet: --balance 7,0: stage 1 gets 0 layers; every stage needs at least one"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance -1,13",
+       "lenet: --balance -1,13: stage 0 gets -1 layers; every stage needs at least one"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 7,4",
+       "lenet: --balance 7,4 adds up to 11 layers but LeNet (sigmoid) has 12"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 4,4,4",
+       "lenet: --balance 4,4,4 has 3 stages but there are 2 devices"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance fast",
+       "lenet: --balance: 'fast' is not parameters, time or a list of layer counts such as 7,5"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 7,x",
+       "lenet: --balance: '7,x' is not parameters, time or a list of layer counts such as 7,5"},
+      {TANDEM_LENET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 7,,5",
+       "lenet: --balance: '7,,5' is not parameters, time or a list of layer counts such as 7,5"},
+      {TANDEM_RESNET_PATH, "--parallel pipeline --devices cpu:0,cpu:1 --balance 4,5",
+       "resnet: --balance 4,5 adds up to 9 layers but ResNet-18 has 8"},
+      {TANDEM_LENET_PATH, "--devices cpu:0,cpu:1 --balance time", "lenet: --balance is for --parallel pipeline"},
       {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --micro-batches 2",
        "lenet: --micro-batches is for --parallel pipeline"},
       {TANDEM_LENET_PATH, "--parallel tensor --devices cpu:0,cpu:1 --trace t.json",

@@ -1,7 +1,7 @@
 // The in-process pipeline executor: plain model parallelism (M = 1), GPipe and 1F1B on 2 and
 // 4 virtual CPU devices reach the parameters of one-device training on the same global batch
-// (LeNet, SGD with momentum and Adam), hold the activations the schedule says, and fail
-// clearly and promptly.
+// (LeNet, SGD with momentum and Adam; also cut by measured time), hold the activations the
+// schedule says, and fail clearly and promptly.
 //
 // Tolerance 1e-5 relative (measured: a few 1e-7). The pipeline computes each micro-batch's
 // mean loss times n_m / B and sums the micro-batches' gradients in .grad, where one device
@@ -13,7 +13,9 @@
 
 #include "core/allocator.h"
 #include "nn/models/lenet.h"
+#include "parallel/pipeline/microbatch.h"
 #include "parallel/pipeline/pipeline.h"
+#include "parallel/pipeline/split.h"
 #include "parallel_test_util.h"
 
 using namespace tandem;
@@ -126,6 +128,30 @@ TEST_CASE("pipeline: model parallel and GPipe and 1F1B equal one-device training
     }
     std::printf("pipeline vs one device, %s, %d steps: max rel error %.3g\n", opt_name, kSteps,
                 worst);
+  }
+}
+
+TEST_CASE("pipeline: a split by measured time trains to one device's parameters",
+          "[parallel][pipeline]") {
+  // Whatever balance the machine's timings give, the stages hold the model's layers in order:
+  // the same numbers as one device, as for the fixed balances above.
+  const Run one = train_one_device(sgd());
+  Generator gen(24);
+  const Tensor sample = randn({micro_batch_sizes(kBatch, 4)[0], 1, 28, 28}, kFloat32, kCPU, &gen);
+  for (int P : {2, 3, 4}) {
+    const auto balance = balance_by_time(*make_lenet(), sample, P, 3);
+    INFO(P << " stages, balance by time " << balance_str(balance));
+    REQUIRE(balance.size() == static_cast<size_t>(P));
+    int64_t layers = 0;
+    for (int64_t n : balance) {
+      CHECK(n >= 1);
+      layers += n;
+    }
+    CHECK(layers == 12);
+    const Run run = train_pipeline(balance, schedule_1f1b(P, 4), sgd());
+    CHECK(test::max_param_error(*run.model, *one.model) <= 1e-5);
+    for (int k = 0; k < kSteps; ++k)
+      CHECK(std::abs(run.losses[k] - one.losses[k]) <= 1e-5 * one.losses[k]);
   }
 }
 
