@@ -18,6 +18,7 @@
 #   bench/pipeline_threads.sh [BUILD_DIR]      (default build-cpu; the timelines go to $OUT)
 #
 # QUICK=1: P = 2 only, M = 1, 2, 4, 4 steps (a check that it runs, on a small machine).
+# STAGES="2": only those stage counts (a machine with fewer than 4 free cores), full steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-cpu}
@@ -25,7 +26,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 [ -x "$B/bench/bench_pipeline" ] || { echo "pipeline_threads.sh: no $B/bench/bench_pipeline (build it first)" >&2; exit 2; }
 W=512 L=4 BATCH=256 ROWS=128
-PS="2 4" MS="1 2 4 8 16" STEPS_BATCH=12 STEPS_ROWS=22
+PS=${STAGES:-"2 4"} MS="1 2 4 8 16" STEPS_BATCH=12 STEPS_ROWS=22
 if [ "${QUICK:-0}" = 1 ]; then PS=2 MS="1 2 4" STEPS_BATCH=4 STEPS_ROWS=4; fi
 FIELDS="| M | step ms | idle per stage | (p-1)/(m+p-1) | mean idle | mean - formula | one stage ms | formula's step ms |"
 

@@ -272,6 +272,7 @@ def main():
                          f"{ROWS} rows: F pale, B dark, white = idle ({machine(cores, date)})")
         pictures.append(("pipeline_timelines_threads",
                          lambda p: plot_timelines(p, plt, thread_traces, title_threads)))
+    os.makedirs(args.out_dir, exist_ok=True)
     for name, draw in pictures:
         path = os.path.join(args.out_dir, name + ".png")
         draw(path)
