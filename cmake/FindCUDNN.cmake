@@ -1,13 +1,10 @@
 # Finds cuDNN. Looks under CUDNN_ROOT (CMake or environment variable), the CUDA toolkit,
 # and the system paths, so it works both where cuDNN sits in /usr/local/cuda and where it
-# comes with the nvidia-cudnn Python wheel. Defines CUDNN::cudnn. Each folder is searched for
-# both names before the next folder (NAMES_PER_DIR): the wheel ships only libcudnn.so.9, and
-# without it a system libcudnn.so (another version) would win over the CUDNN_ROOT the header
-# came from.
+# comes with the nvidia-cudnn Python wheel. Defines CUDNN::cudnn.
 find_path(CUDNN_INCLUDE_DIR cudnn.h
   HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES include)
-find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
   HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 include(FindPackageHandleStandardArgs)

@@ -1,10 +1,9 @@
 # Finds NCCL. Looks under NCCL_ROOT (CMake or environment variable), the CUDA toolkit and
-# the system paths, each folder for both names before the next (as FindCUDNN.cmake). Defines
-# NCCL::NCCL.
+# the system paths. Defines NCCL::NCCL.
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
   HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 include(FindPackageHandleStandardArgs)
