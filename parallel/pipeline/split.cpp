@@ -160,19 +160,6 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Gradients recorded for the scope, whatever the caller's grad mode (profiling under
-// NoGradGuard still times a backward).
-class GradModeOn {
- public:
-  GradModeOn() : prev_(grad_enabled()) { set_grad_enabled(true); }
-  ~GradModeOn() { set_grad_enabled(prev_); }
-  GradModeOn(const GradModeOn&) = delete;
-  GradModeOn& operator=(const GradModeOn&) = delete;
-
- private:
-  bool prev_;
-};
-
 // A layer's input as a stage takes it (run_stage): a leaf that requires grad, except the
 // model's own input, whose gradient nobody needs.
 Tensor stage_input(const Tensor& x, bool first) {
@@ -206,7 +193,7 @@ std::vector<double> layer_times(const nn::SequentialImpl& model, const Tensor& s
   TANDEM_CHECK(L >= 1, Value, "layer_times: the Sequential has no layers");
   const Device device = device_of(model).value_or(sample.device());
   DeviceGuard on_device(device);
-  GradModeOn grad_on;
+  AutoGradMode grad_on(true);  // a backward to time, also under the caller's NoGradGuard
 
   std::vector<std::shared_ptr<nn::Module>> layers;
   for (size_t i = 0; i < L; ++i) {
