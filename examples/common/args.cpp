@@ -1,5 +1,6 @@
 #include "common/args.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -80,13 +81,19 @@ std::string Args::str(const std::string& name) const {
   return it == given_.end() ? s.default_value : it->second;
 }
 
-int64_t Args::integer(const std::string& name, int64_t min, int64_t max) const {
-  std::string v = str(name);
+std::optional<int64_t> parse_integer(const std::string& v) {
   char* end = nullptr;
   errno = 0;
-  long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0)
-    throw ArgsError("--" + name + ": '" + v + "' is not an integer");
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0) return std::nullopt;
+  return x;
+}
+
+int64_t Args::integer(const std::string& name, int64_t min, int64_t max) const {
+  std::string v = str(name);
+  const std::optional<int64_t> parsed = parse_integer(v);
+  if (!parsed) throw ArgsError("--" + name + ": '" + v + "' is not an integer");
+  const int64_t x = *parsed;
   if (x < min || x > max)
     throw ArgsError("--" + name + ": " + v + " is out of range [" + std::to_string(min) + ", " +
                     std::to_string(max) + "]");

@@ -4,11 +4,16 @@
 // (ArgsError) for an unknown flag, a missing value or a value that does not parse.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace tandem::examples {
+
+// The whole number v spells, in base 10 and in range, else nothing: an empty string, trailing
+// characters or an overflow. Args::integer and the list flags parse with it.
+std::optional<int64_t> parse_integer(const std::string& v);
 
 class ArgsError : public std::runtime_error {
  public:

@@ -1,10 +1,8 @@
 #include "common/cli.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -95,12 +93,9 @@ void parse_balance(const std::string& v, TrainConfig& cfg) {
   for (size_t at = 0;;) {
     const size_t comma = std::min(v.find(',', at), v.size());
     const std::string item = v.substr(at, comma - at);
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || errno != 0)
-      throw ArgsError("--balance: '" + v + "' is not parameters, time or a list of layer counts such as 7,5");
-    balance.push_back(n);
+    const std::optional<int64_t> n = parse_integer(item);
+    if (!n) throw ArgsError("--balance: '" + v + "' is not parameters, time or a list of layer counts such as 7,5");
+    balance.push_back(*n);
     if (comma == v.size()) break;
     at = comma + 1;
   }
