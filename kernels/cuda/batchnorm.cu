@@ -81,19 +81,31 @@ template <typename T>
 struct BnStatsLast {
   const T* x;
   const T* bias;  // null: none (Note [conv bias in batch norm])
-  struct Channel {  // channel c's bias and shift K, loaded once per thread
+  template <int VEC>
+  struct Channels {  // channels c0 .. c0 + VEC: their biases and shifts K, loaded once per thread
     const T* x;
-    ChannelBias<T> b;
-    double k;
-    __device__ void operator()(int64_t i, double* sums) const {
-      const double d = static_cast<double>(b(x[i])) - k;
-      sums[0] += d;
-      sums[1] = fma_p(d, d, sums[1]);
+    ChannelBias<T> b[VEC];
+    double k[VEC];
+    __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
+    __device__ void add(const Vec<T, VEC>& v, double (&sums)[VEC][2]) const {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double d = static_cast<double>(b[j](v.v[j])) - k[j];
+        sums[j][0] += d;
+        sums[j][1] = fma_p(d, d, sums[j][1]);
+      }
     }
   };
-  __device__ Channel at(int64_t c) const {
-    const ChannelBias<T> b = channel_bias(bias, c);
-    return {x, b, static_cast<double>(b(x[c]))};
+  template <int VEC>
+  __device__ Channels<VEC> at(int64_t c0) const {
+    Channels<VEC> a;
+    a.x = x;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      a.b[j] = channel_bias(bias, c0 + j);
+      a.k[j] = static_cast<double>(a.b[j](x[c0 + j]));
+    }
+    return a;
   }
 };
 
@@ -113,20 +125,45 @@ struct BnGradLast {
   const T* bias;
   const P* save_mean;
   const T* relu_out;
-  struct Channel {  // channel c's bias and mean, loaded once per thread
+  template <int VEC>
+  struct Loaded {
+    Vec<T, VEC> dy, x, relu_out;
+  };
+  template <int VEC>
+  struct Channels {  // channels c0 .. c0 + VEC: their biases and means, loaded once per thread
     const T* dy;
     const T* x;
     const T* relu_out;
-    ChannelBias<T> b;
-    double mean;
-    __device__ void operator()(int64_t i, double* sums) const {
-      const double d = static_cast<double>(relu_out != nullptr ? relu_masked(dy[i], relu_out[i]) : dy[i]);
-      sums[0] += d;
-      sums[1] = fma_p(d, static_cast<double>(b(x[i])) - mean, sums[1]);
+    ChannelBias<T> b[VEC];
+    double mean[VEC];
+    __device__ Loaded<VEC> load(int64_t i) const {
+      Loaded<VEC> l;
+      l.dy = load_vec<VEC>(dy, i);
+      l.x = load_vec<VEC>(x, i);
+      if (relu_out != nullptr) l.relu_out = load_vec<VEC>(relu_out, i);
+      return l;
+    }
+    __device__ void add(const Loaded<VEC>& l, double (&sums)[VEC][2]) const {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double d = static_cast<double>(relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j]);
+        sums[j][0] += d;
+        sums[j][1] = fma_p(d, static_cast<double>(b[j](l.x.v[j])) - mean[j], sums[j][1]);
+      }
     }
   };
-  __device__ Channel at(int64_t c) const {
-    return {dy, x, relu_out, channel_bias(bias, c), static_cast<double>(save_mean[c])};
+  template <int VEC>
+  __device__ Channels<VEC> at(int64_t c0) const {
+    Channels<VEC> a;
+    a.dy = dy;
+    a.x = x;
+    a.relu_out = relu_out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      a.b[j] = channel_bias(bias, c0 + j);
+      a.mean[j] = static_cast<double>(save_mean[c0 + j]);
+    }
+    return a;
   }
 };
 
@@ -385,26 +422,28 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& bias, 
                                            const Tensor& running_var, double momentum, double eps,
                                            const Tensor& y, const Tensor& save_mean,
                                            const Tensor& save_invstd, bool relu) {
-  const gpu::ChannelSplit g = gpu::channel_split_of(x);
   if (x.numel() == 0) return;
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
-  Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
-  Tensor coef = empty({g.c * 3}, gamma.dtype(), x.device());
+  Tensor coef = empty({x.size(1) * 3}, gamma.dtype(), x.device());
   dispatch_floating_bf16(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using P = opmath_t<T>;  // the per-channel tensors' type (float32 for bfloat16 activations)
     const T* b = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    gpu::ChannelSplit g;
+    Tensor partial;
     if (gpu::channels_last_of(x)) {
-      gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnStatsLast<T>{gpu::cptr<T>(x), b}, gpu::ptr<double>(partial));
+      g = gpu::launch_partials_last<2, T>(x, gpu::BnStatsLast<T>{gpu::cptr<T>(x), b}, partial, stream,
+                                          gpu::cptr<T>(x));
     } else {
+      g = gpu::channel_split_of(x);
+      partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_stats_partials<vec.value, T><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
             gpu::cptr<T>(x), b, gpu::ptr<double>(partial), g);
       }, gpu::cptr<T>(x));
+      TANDEM_CUDA_CHECK_LAUNCH();
     }
-    TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_stats_finish<T, P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<T>(x), b, gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta),
         gpu::ptr<P>(running_mean), gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean),
@@ -438,8 +477,7 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
                                       const Tensor& save_invstd, const Tensor& relu_out,
                                       const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                       const Tensor& dbias) {
-  const gpu::ChannelSplit g = gpu::channel_split_of(x);
-  if (g.c == 0) return;
+  if (x.size(1) == 0) return;
   if (x.numel() == 0) {
     fill(dgamma, 0.0);
     fill(dbeta, 0.0);
@@ -448,24 +486,27 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
   }
   DeviceGuard guard(x.device());
   cudaStream_t stream = current_cuda_stream(x.device());
-  Tensor partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
-  Tensor coef = empty({g.c * 4}, gamma.dtype(), x.device());
+  Tensor coef = empty({x.size(1) * 4}, gamma.dtype(), x.device());
   dispatch_floating_bf16(x.dtype(), "batch_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using P = opmath_t<T>;
     const T* mask = relu_out.defined() ? gpu::cptr<T>(relu_out) : nullptr;
     const T* b = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    gpu::ChannelSplit g;
+    Tensor partial;
     if (gpu::channels_last_of(x)) {
-      gpu::channel_partials_last<2><<<gpu::split_grid_last(g), gpu::kSplitBlock, 0, stream>>>(
-          g, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask},
-          gpu::ptr<double>(partial));
+      g = gpu::launch_partials_last<2, T>(
+          x, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask}, partial,
+          stream, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
     } else {
+      g = gpu::channel_split_of(x);
+      partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_grad_partials<vec.value, T, P><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
             gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
       }, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
+      TANDEM_CUDA_CHECK_LAUNCH();
     }
-    TANDEM_CUDA_CHECK_LAUNCH();
     gpu::bn_grad_finish<P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
         gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);

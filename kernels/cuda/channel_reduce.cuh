@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/map.cuh"
@@ -24,6 +25,8 @@ struct ChannelSplit {
   int64_t n = 0, c = 0, hw = 0;
   int64_t splits = 1;  // groups of images per channel
   int64_t per = 0;     // images per group (the last may have fewer)
+  int vec = 1;         // channels-last: channels per thread (Note [channels-last channel reductions])
+  int lanes = 32;      // channels-last: vectors side by side in a block
 };
 
 // About four blocks per multiprocessor in all, at least ~4K elements per block.
@@ -197,22 +200,46 @@ inline dim3 split_grid(const ChannelSplit& g) {
 
 // ---- channels-last: [rows, C] with rows = N * H * W (Note [memory formats] in core/tensor.h) ----
 //
-// Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a block
-// takes kLastLanes consecutive channels (lane = channel) and kSplitBlock / kLastLanes rows at a
-// time: each warp reads one row's 32 channels, 128 contiguous bytes. As in the NCHW kernels,
-// the rows are cut into `splits` groups, one block per (channel tile, group); each thread sums
-// its rows in order, the block's rows are added lane by lane in a fixed order, and the same
-// finish kernels add a channel's groups in index order: deterministic, no atomics. The split is
-// a ChannelSplit with n = rows and hw = 1, so partial[(c * splits + s) * M + m] and the finish
-// kernels are those of the NCHW layout.
-constexpr int kLastLanes = 32;
+// Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a thread
+// takes VEC consecutive channels of a row -- a 16-byte vector when C and the pointers allow it
+// (channel_vec), else one element -- and a block takes `lanes` such vectors side by side, a
+// tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a warp reads
+// whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels, the
+// rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
+// rows in order, loading a few of them (last_unroll) before it adds the first, so that several loads
+// are in flight per thread rather than one; the block's row slots are then added channel by
+// channel in a fixed order, and the same finish kernels add a channel's groups in index
+// order: deterministic, no atomics. The split is a ChannelSplit with n = rows and hw = 1, so
+// partial[(c * splits + s) * M + m] and the finish kernels are those of the NCHW layout. The
+// vector width is part of the order of the additions (it sets the tile and the row slots), so
+// two reductions that must agree bit for bit use the same one (Note [a per-channel map that
+// sums its output]).
+constexpr int kLastMaxLanes = 32;
 
-inline ChannelSplit channel_split_last(int64_t rows, int64_t c) {
-  ChannelSplit g{rows, c, 1, 1, rows};
+// Rows a thread loads before it adds the first: 4, or 2 for 16-byte vectors of eight elements
+// (whose sums and loads would otherwise leave room for one block per multiprocessor).
+template <int VEC>
+constexpr int last_unroll() {
+  return VEC >= 8 ? 2 : 4;
+}
+
+// Vectors side by side in a block's tile: the largest power of two up to kLastMaxLanes that is
+// not above the C / vec vectors of a row (a power of two, so a block is whole rows of it).
+inline int last_lanes(int64_t c, int vec) {
+  const int64_t vectors = (c + vec - 1) / vec;
+  int lanes = 1;
+  while (lanes < kLastMaxLanes && lanes * 2 <= vectors) lanes *= 2;
+  return lanes;
+}
+
+// About four blocks per multiprocessor in all, at least ~4K elements per block.
+inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
+  ChannelSplit g{rows, c, 1, 1, rows, vec, last_lanes(c, vec)};
   if (rows == 0 || c == 0) return g;
-  const int64_t tiles = (c + kLastLanes - 1) / kLastLanes;
+  const int64_t tile = int64_t{g.lanes} * vec;
+  const int64_t tiles = (c + tile - 1) / tile;
   const int64_t by_blocks = (4 * 132 + tiles - 1) / tiles;
-  const int64_t by_work = std::max<int64_t>(1, rows * std::min<int64_t>(c, kLastLanes) / 4096);
+  const int64_t by_work = std::max<int64_t>(1, rows * std::min<int64_t>(c, tile) / 4096);
   g.splits = std::max<int64_t>(1, std::min({by_blocks, by_work, rows}));
   g.per = (rows + g.splits - 1) / g.splits;
   g.splits = (rows + g.per - 1) / g.per;
@@ -220,89 +247,130 @@ inline ChannelSplit channel_split_last(int64_t rows, int64_t c) {
 }
 
 inline dim3 split_grid_last(const ChannelSplit& g) {
-  return dim3(static_cast<unsigned>((g.c + kLastLanes - 1) / kLastLanes), static_cast<unsigned>(g.splits));
+  const int64_t tile = int64_t{g.lanes} * g.vec;
+  return dim3(static_cast<unsigned>((g.c + tile - 1) / tile), static_cast<unsigned>(g.splits));
 }
 
-constexpr int kLastRows = kSplitBlock / kLastLanes;  // rows a block reads at a time
-
-// This thread's channel in a block of split_grid_last(g): lane = channel.
-__device__ __forceinline__ int64_t channel_of_lane() {
-  return static_cast<int64_t>(blockIdx.x) * kLastLanes + static_cast<int64_t>(threadIdx.x) % kLastLanes;
+// This thread's first channel in a block of split_grid_last(g): c0 .. c0 + g.vec, all below C
+// when c0 is (C is a multiple of the vector).
+__device__ __forceinline__ int64_t last_first_channel(const ChannelSplit& g) {
+  return (static_cast<int64_t>(blockIdx.x) * g.lanes + static_cast<int64_t>(threadIdx.x) % g.lanes) * g.vec;
 }
 
-// Calls f(i) for this thread's elements i = row * C + c of channel c in row group s, rows in
-// order (c < g.c).
-template <typename F>
-__device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c, int64_t s, F f) {
+// Calls add(i, load(i)) for this thread's rows of group s, i = row * C + c0, rows in order;
+// U rows are loaded before the first of them is added.
+template <int U, typename Load, typename Add>
+__device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c0, int64_t s, Load load, Add add) {
+  const int64_t step = kSplitBlock / g.lanes;
   const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
-  for (int64_t row = r0 + static_cast<int64_t>(threadIdx.x) / kLastLanes; row < r1; row += kLastRows) {
-    f(row * g.c + c);
+  int64_t row = r0 + static_cast<int64_t>(threadIdx.x) / g.lanes;
+  for (; row + (U - 1) * step < r1; row += U * step) {
+    decltype(load(int64_t{0})) v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = load((row + u * step) * g.c + c0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) add((row + u * step) * g.c + c0, v[u]);
   }
+  for (; row < r1; row += step) add(row * g.c + c0, load(row * g.c + c0));
 }
 
-// partial[(c * splits + s) * M + m] = the block's sums[m] of channel c, added row by row in a
-// fixed order. Every thread of the block calls it (it synchronizes), c >= g.c included.
-template <int M>
-__device__ __forceinline__ void store_partials_last(const double (&sums)[M], const ChannelSplit& g, int64_t c,
-                                                    int64_t s, double* partial) {
-  const int lane = static_cast<int>(threadIdx.x) % kLastLanes;
-  __shared__ double shared[M][kSplitBlock];
+// partial[(c * splits + s) * M + m] = the block's sums of channel c, sums[k][m] of each thread
+// for its channel c0 + k, added row slot by row slot in a fixed order. Every thread of the block
+// calls it (it synchronizes), c0 >= g.c included.
+template <int VEC, int M>
+__device__ __forceinline__ void store_partials_last(const double (&sums)[VEC][M], const ChannelSplit& g, int64_t s,
+                                                    double* partial) {
+  __shared__ double shared[kSplitBlock * VEC];
+  const int t = static_cast<int>(threadIdx.x);
+  const int tile = g.lanes * VEC;  // thread t < tile finishes channel t of the tile
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * tile + t;
 #pragma unroll
-  for (int m = 0; m < M; ++m) shared[m][threadIdx.x] = sums[m];
-  __syncthreads();
-  if (threadIdx.x < kLastLanes && c < g.c) {
+  for (int m = 0; m < M; ++m) {
+    if (m > 0) __syncthreads();  // the previous sums are read
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      double t = 0;
-      for (int k = 0; k < kLastRows; ++k) t += shared[m][k * kLastLanes + lane];
-      partial[(c * g.splits + s) * M + m] = t;
+    for (int k = 0; k < VEC; ++k) shared[t * VEC + k] = sums[k][m];
+    __syncthreads();
+    if (t < tile && c < g.c) {
+      double sum = 0;
+      for (int q = 0; q < kSplitBlock / g.lanes; ++q) sum += shared[q * tile + t];
+      partial[(c * g.splits + s) * M + m] = sum;
     }
   }
 }
 
-// M partial sums per (channel, row group): acc.at(c) loads what channel c needs once (a thread
-// keeps its channel, Note [per-channel maps]) and returns a functor a, and a(i, sums) adds
-// element i (= row * C + c) into sums[0..M). Launch with split_grid_last(g) and kSplitBlock
-// threads.
-template <int M, typename Acc>
-__global__ void channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
-  const int64_t c = channel_of_lane(), s = blockIdx.y;
-  double sums[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) sums[m] = 0;
-  if (c < g.c) {
-    const auto a = acc.at(c);
-    for_rows_last(g, c, s, [&](int64_t i) { a(i, sums); });
+// M partial sums per (channel, row group). acc.at<VEC>(c0) loads what channels c0 .. c0 + VEC
+// need once (a thread keeps its channels, Note [per-channel maps]) and returns a functor a:
+// a.load(i) reads element i (= row * C + c0) of every input, a.add(loaded, sums) adds it into
+// sums[k][0..M) of channel c0 + k. Launch with split_grid_last(g) and kSplitBlock threads,
+// g = channel_split_last(rows, C, VEC).
+template <int VEC, int M, typename Acc>
+__global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
+  const int64_t c0 = last_first_channel(g), s = blockIdx.y;
+  double sums[VEC][M] = {};
+  if (c0 < g.c) {
+    const auto a = acc.template at<VEC>(c0);
+    for_rows_last<last_unroll<VEC>()>(g, c0, s, [&](int64_t i) { return a.load(i); },
+                               [&](int64_t, const auto& v) { a.add(v, sums); });
   }
-  store_partials_last<M>(sums, g, c, s, partial);
+  store_partials_last<VEC, M>(sums, g, s, partial);
 }
 
-// sums[0] += x[i]: the partials of channel_sum_finish.
+// sums[k][0] += x[i + k]: the partials of channel_sum_finish.
 template <typename T>
 struct SumLast {
   const T* x;
-  __device__ const SumLast& at(int64_t) const { return *this; }  // nothing per channel
-  __device__ void operator()(int64_t i, double* sums) const { sums[0] += static_cast<double>(x[i]); }
+  template <int VEC>
+  struct Channels {
+    const T* x;
+    __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
+    __device__ void add(const Vec<T, VEC>& v, double (&sums)[VEC][1]) const {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(v.v[k]);
+    }
+  };
+  template <int VEC>
+  __device__ Channels<VEC> at(int64_t) const {
+    return {x};  // nothing per channel
+  }
 };
+
+// Launches channel_partials_last<VEC, M>(g, acc, partial) over `like`'s rows (channels-last
+// [N, C, H, W]) at the widest vector that C and the pointers p allow; allocates `partial` and
+// returns the split for the finish kernel.
+template <int M, typename T, typename Acc, typename... P>
+ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& partial, cudaStream_t stream,
+                                  const P*... p) {
+  const int64_t c = like.size(1), rows = c == 0 ? 0 : like.numel() / c;
+  ChannelSplit g;
+  with_channel_vec<T>(c, [&](auto vec) {
+    g = channel_split_last(rows, c, vec.value);
+    partial = empty({g.c * g.splits * M}, kFloat64, like.device());
+    channel_partials_last<vec.value, M><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, acc, ptr<double>(partial));
+  }, p...);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return g;
+}
 
 // out[i] = f(f.coef_of(c), in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte
 // vectors when C is a multiple of the vector (a vector then holds VEC consecutive channels of
 // one pixel). When the grid's stride is a multiple of the C / VEC vectors of a pixel, a
 // thread's vectors all hold the same channels, and it loads their coefficients once (Note
-// [per-channel maps]); the launch sizes the grid so (one wave of blocks, each thread looping).
+// [per-channel maps]); the launch sizes the grid so (one wave of blocks, each thread looping),
+// and such a thread loads two vectors of every input before it stores the first result (two
+// loads in flight, not one).
 template <int VEC, typename Index, typename F, typename Out, typename... In>
 __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out* out, const In*... in) {
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   using Coef = decltype(f.coef_of(int64_t{0}));
-  auto run = [&](const Coef (&coef)[VEC], Index at) {
+  auto compute = [&](const Coef (&coef)[VEC], const Vec<In, VEC>&... x) {
     Vec<Out, VEC> o;
-    auto apply = [&](const Vec<In, VEC>&... x) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) o.v[k] = f(coef[k], x.v[k]...);
-    };
-    apply(reinterpret_cast<const Vec<In, VEC>*>(in)[at]...);
-    reinterpret_cast<Vec<Out, VEC>*>(out)[at] = o;
+    for (int k = 0; k < VEC; ++k) o.v[k] = f(coef[k], x.v[k]...);
+    return o;
+  };
+  auto run = [&](const Coef (&coef)[VEC], Index at) {
+    reinterpret_cast<Vec<Out, VEC>*>(out)[at] = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[at]...);
   };
   Coef coef[VEC];
   auto load = [&](Index at) {
@@ -312,7 +380,13 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
   };
   if (step % channel_vecs == 0) {
     load(v);  // c0 < C also for a thread past the end: the loads stay in bounds
-    for (; v < vecs; v += step) run(coef, v);
+    for (; v + step < vecs; v += 2 * step) {  // both read before either is written
+      const Vec<Out, VEC> a = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v]...);
+      const Vec<Out, VEC> b = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v + step]...);
+      reinterpret_cast<Vec<Out, VEC>*>(out)[v] = a;
+      reinterpret_cast<Vec<Out, VEC>*>(out)[v + step] = b;
+    }
+    if (v < vecs) run(coef, v);
   } else {
     for (; v < vecs; v += step) {
       load(v);
@@ -357,30 +431,32 @@ void channel_map_any(const Tensor& like, const F& f, T* out, cudaStream_t stream
 // a tensor that is also contiguous (C = 1, 1x1 pixels) is read as [N, C, HW].
 inline bool channels_last_of(const Tensor& t) { return !t.is_contiguous(); }
 
-// The split of per-channel work over t: a function of its shape and format alone.
-inline ChannelSplit channel_split_of(const Tensor& t) {
+// The split of per-channel work over t: a function of its shape and format alone, and for
+// channels-last of the vector width too (Note [channels-last channel reductions]).
+inline ChannelSplit channel_split_of(const Tensor& t, int last_vec = 1) {
   const int64_t n = t.size(0), c = t.size(1);
-  if (channels_last_of(t)) return channel_split_last(c == 0 ? 0 : t.numel() / c, c);
+  if (channels_last_of(t)) return channel_split_last(c == 0 ? 0 : t.numel() / c, c, last_vec);
   return channel_split(n, c, n * c == 0 ? 0 : t.numel() / (n * c));
 }
 
 // out[c] = the sum of channel c of x, in double and rounded once: channel_sum_partials (or
-// channel_partials_last with SumLast) and channel_sum_finish over channel_split_of(x). A
-// convolution's bias gradient (x = dy).
+// channel_partials_last with SumLast) and channel_sum_finish. A convolution's bias gradient
+// (x = dy).
 template <typename T>
 void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
-  const ChannelSplit g = channel_split_of(x);
-  Tensor partial = empty({g.c * g.splits}, kFloat64, x.device());
+  ChannelSplit g;
+  Tensor partial;
   if (channels_last_of(x)) {
-    channel_partials_last<1><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, SumLast<T>{cptr<T>(x)},
-                                                                             ptr<double>(partial));
+    g = launch_partials_last<1, T>(x, SumLast<T>{cptr<T>(x)}, partial, stream, cptr<T>(x));
   } else {
+    g = channel_split_of(x);
+    partial = empty({g.c * g.splits}, kFloat64, x.device());
     with_channel_vec<T>(g.hw, [&](auto vec) {
       channel_sum_partials<vec.value, T><<<split_grid(g), kSplitBlock, 0, stream>>>(cptr<T>(x),
                                                                                    ptr<double>(partial), g);
     }, cptr<T>(x));
+    TANDEM_CUDA_CHECK_LAUNCH();
   }
-  TANDEM_CUDA_CHECK_LAUNCH();
   channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), out, g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
@@ -429,39 +505,73 @@ __global__ void channel_map_sum_kernel(F f, T* out, double* partial, ChannelSpli
   if (threadIdx.x == 0) partial[c * g.splits + s] = acc;
 }
 
-// Channels-last [rows, C]: as channel_partials_last<1> with SumLast over out; the thread's
-// channel's coefficients are loaded once (Note [per-channel maps]).
-template <typename F, typename T, typename... In>
-__global__ void channel_map_sum_last_kernel(F f, T* out, double* partial, ChannelSplit g, const In*... in) {
-  const int64_t c = channel_of_lane(), s = blockIdx.y;
-  double sums[1] = {0};
-  if (c < g.c) {
-    const auto coef = f.coef_of(c);
-    for_rows_last(g, c, s, [&](int64_t i) {
-      const T o = f(coef, in[i]...);
-      out[i] = o;
-      sums[0] += static_cast<double>(o);
-    });
+// The VEC-element vectors of a map's N inputs at one offset (all of the output's type T).
+template <typename T, int VEC, int N>
+struct InputVecs {
+  Vec<T, VEC> v[N > 0 ? N : 1];
+};
+
+// o.v[k] = f(coef[k], the inputs' element k...).
+template <int VEC, typename F, typename Coef, typename T, int N, size_t... I>
+__device__ __forceinline__ Vec<T, VEC> map_vectors(const F& f, const Coef (&coef)[VEC], const InputVecs<T, VEC, N>& in,
+                                                   std::index_sequence<I...>) {
+  Vec<T, VEC> o;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) o.v[k] = f(coef[k], in.v[I].v[k]...);
+  return o;
+}
+
+// Channels-last [rows, C]: as channel_partials_last<VEC, 1> with SumLast over out; the
+// thread's channels' coefficients are loaded once (Note [per-channel maps]). `aligned`: every
+// input is aligned to the vectors (out always is).
+template <int VEC, typename F, typename T, typename... In>
+__global__ void __launch_bounds__(kSplitBlock, 2)
+    channel_map_sum_last_kernel(F f, T* out, double* partial, ChannelSplit g, bool aligned, const In*... in) {
+  static_assert((std::is_same_v<In, T> && ...), "the inputs have the output's type");
+  constexpr int N = static_cast<int>(sizeof...(In));
+  const int64_t c0 = last_first_channel(g), s = blockIdx.y;
+  double sums[VEC][1] = {};
+  if (c0 < g.c) {
+    decltype(f.coef_of(int64_t{0})) coef[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) coef[k] = f.coef_of(c0 + k);
+    const auto load = [&](int64_t i) {
+      InputVecs<T, VEC, N> l;
+      int j = 0;
+      ((l.v[j++] = load_vec_or_elements<VEC>(in, i, aligned)), ...);
+      return l;
+    };
+    const auto add = [&](int64_t i, const InputVecs<T, VEC, N>& l) {
+      const Vec<T, VEC> o = map_vectors(f, coef, l, std::index_sequence_for<In...>{});
+      *reinterpret_cast<Vec<T, VEC>*>(out + i) = o;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(o.v[k]);
+    };
+    for_rows_last<last_unroll<VEC>()>(g, c0, s, load, add);
   }
-  store_partials_last<1>(sums, g, c, s, partial);
+  store_partials_last<VEC, 1>(sums, g, s, partial);
 }
 
 // channel_map_any(like, f, out, stream, in...) and sum[c] = channel_sum_any(out)[c], in one
 // pass (Note [a per-channel map that sums its output]). out and in... in like's format.
 template <typename T, typename F, typename... In>
 void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStream_t stream, const In*... in) {
-  const ChannelSplit g = channel_split_of(like);
-  Tensor partial = empty({g.c * g.splits}, kFloat64, like.device());
-  if (channels_last_of(like)) {
-    channel_map_sum_last_kernel<<<split_grid_last(g), kSplitBlock, 0, stream>>>(
-        f, out, ptr<double>(partial), g, in...);
-  } else {
-    with_channel_vec<T>(g.hw, [&](auto vec) {
-      const bool aligned = channel_vec<T>(g.hw, static_cast<const T*>(out), in...) == vec.value;
+  const bool last = channels_last_of(like);
+  ChannelSplit g;
+  Tensor partial;
+  // The vector width is that of out alone: channel_sum_any(out)'s.
+  with_channel_vec<T>(last ? like.size(1) : channel_split_of(like).hw, [&](auto vec) {
+    g = channel_split_of(like, vec.value);
+    partial = empty({g.c * g.splits}, kFloat64, like.device());
+    const bool aligned = channel_vec<T>(last ? g.c : g.hw, static_cast<const T*>(out), in...) == vec.value;
+    if (last) {
+      channel_map_sum_last_kernel<vec.value><<<split_grid_last(g), kSplitBlock, 0, stream>>>(
+          f, out, ptr<double>(partial), g, aligned, in...);
+    } else {
       channel_map_sum_kernel<vec.value><<<split_grid(g), kSplitBlock, 0, stream>>>(
           f, out, ptr<double>(partial), g, aligned, in...);
-    }, static_cast<const T*>(out));
-  }
+    }
+  }, static_cast<const T*>(out));
   TANDEM_CUDA_CHECK_LAUNCH();
   channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
   TANDEM_CUDA_CHECK_LAUNCH();

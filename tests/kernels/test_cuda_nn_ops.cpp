@@ -300,6 +300,55 @@ TEST_CASE("cuda batch norm: training, evaluation and backward", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda channels-last batch norm and channel sums in every tile shape", "[cuda][memory_format]") {
+  TANDEM_REQUIRE_CUDA();
+  // C sets how many channels a thread takes (a 16-byte vector when C allows it) and the tile a
+  // block covers (Note [channels-last channel reductions]): one channel, fewer channels than a
+  // vector, a last tile only partly used, several tiles, one vector past a whole tile. 5 x 9 x
+  // 7 = 315 rows: several row groups, and a tail past the rows a thread loads at once.
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    const DType pt = dt == kBFloat16 ? kFloat32 : dt;  // bfloat16 activations keep float32 parameters
+    const double act_tol = dt == kBFloat16 ? 1.0 / 64 : 8 * tol(dt), stat_tol = 8 * tol(pt);
+    for (int64_t c : {1, 3, 8, 24, 40, 64, 96, 136, 264}) {
+      const Shape shape{5, c, 9, 7};
+      INFO(dtype_name(dt) << " " << shape_str(shape));
+      const Tensor z = uniform(shape, -2.0, 2.0).to(dt), dy = uniform(shape, -1.0, 1.0).to(dt);
+      const Tensor bias = uniform({c}, -1.0, 1.0).to(dt);
+      const Tensor gamma = uniform({c}, 0.5, 1.5).to(pt), beta = uniform({c}, -0.5, 0.5).to(pt);
+      Tensor rm = uniform({c}, -0.5, 0.5).to(pt), rv = uniform({c}, 0.5, 2.0).to(pt);
+      Tensor rmg = gpu(rm), rvg = gpu(rv);
+      const auto cl = [](const Tensor& t) { return gpu(t).contiguous(MemoryFormat::ChannelsLast); };
+      for (bool fused : {false, true}) {  // plain, and with the ReLU and a conv's bias
+        INFO((fused ? "relu and bias" : "plain"));
+        const Tensor b = fused ? bias : Tensor(), bg = fused ? gpu(bias) : Tensor();
+        auto r = kernels::batch_norm_train(z, gamma, beta, rm, rv, 0.1, 1e-5, fused, b);
+        auto rg = kernels::batch_norm_train(cl(z), gpu(gamma), gpu(beta), rmg, rvg, 0.1, 1e-5, fused, bg);
+        CHECK(rg.y.is_contiguous(MemoryFormat::ChannelsLast));
+        CHECK(rel_error(rg.y, r.y) <= act_tol);
+        CHECK(rel_error(rg.save_mean, r.save_mean) <= stat_tol);
+        CHECK(rel_error(rg.save_invstd, r.save_invstd) <= stat_tol);
+        CHECK(rel_error(rmg, rm) <= stat_tol);
+        CHECK(rel_error(rvg, rv) <= stat_tol);
+        // Both backwards take the GPU's ReLU output as the mask: an output within a rounding of
+        // zero may have the other sign on the CPU.
+        const Tensor mask = fused ? rg.y.to(Device::cpu()).contiguous() : Tensor();
+        auto g = kernels::batch_norm_backward(dy, z, gamma, r.save_mean, r.save_invstd, mask, b, fused);
+        auto gg = kernels::batch_norm_backward(cl(dy), cl(z), gpu(gamma), rg.save_mean, rg.save_invstd,
+                                               fused ? rg.y : Tensor(), bg, fused);
+        CHECK(gg.dx.is_contiguous(MemoryFormat::ChannelsLast));
+        CHECK(rel_error(gg.dx, g.dx) <= act_tol);
+        CHECK(rel_error(gg.dgamma, g.dgamma) <= stat_tol);
+        CHECK(rel_error(gg.dbeta, g.dbeta) <= stat_tol);
+        if (fused) {
+          CHECK(rel_error(gg.dbias, g.dbias) <= act_tol);
+          // The dx pass sums dx as the convolution's bias gradient does, bit for bit.
+          CHECK(values(gg.dbias) == values(kernels::conv2d_backward_bias(gg.dx)));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda SGD and Adam steps", "[cuda]") {
   TANDEM_REQUIRE_CUDA();
   SgdParams plain;
