@@ -122,8 +122,15 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 Tensor to(const Tensor& x, DType dtype) {
   Tensor y = fresh_alias(x.to(dtype), x);
   if (is_floating(dtype) && autograd::any_requires_grad({&x})) {
-    record("ToCopy", {x}, {y},
-           [src = x.dtype()](TensorList&& g) -> TensorList { return {g[0].to(src)}; });
+    record("ToCopy", {x}, {y}, [src = x.dtype(), xs = x.shape()](TensorList&& g) -> TensorList {
+      // An autocast weight's gradient is cast straight into its zeroed .grad (Note [gradients
+      // written in place]): one pass instead of the cast and then the add.
+      if (Tensor to = autograd::grad_destination(0, xs, src, g[0].device()); to.defined()) {
+        to.copy_(g[0]);
+        return {to};
+      }
+      return {g[0].to(src)};
+    });
   }
   return y;
 }

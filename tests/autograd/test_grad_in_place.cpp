@@ -5,6 +5,7 @@
 // hook that replaces the gradient, a gradient set by hand after the zeroing.
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "catch.h"
@@ -91,6 +92,48 @@ TEST_CASE("gradients written into a zeroed FlatBuffer equal the gradients added 
     loss_of(p, d).backward();
     CHECK(lent);
     CHECK(grads_of(p) == grads_of(ref));
+  }
+}
+
+TEST_CASE("an autocast weight's gradient is cast straight into a zeroed FlatBuffer", "[autograd][grad_in_place][bf16]") {
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    const auto leaf32 = [&](const Shape& shape, uint64_t seed) {
+      Generator gen(seed);
+      Tensor t = uniform(shape, -0.5, 0.5, kFloat32, kCPU, &gen).to(d);
+      t.set_requires_grad();
+      return t;
+    };
+    // Under autocast the float32 weights are cast to bfloat16 for the conv and the linear layer;
+    // their bfloat16 gradients are cast back by the conversion's backward.
+    const auto loss = [&](const Tensor& cw, const Tensor& w) {
+      AutocastGuard autocast(kBFloat16);
+      Generator gen(17);
+      const Tensor img = uniform({2, 1, 4, 4}, -1.0, 1.0, kFloat32, kCPU, &gen).to(d);
+      const Tensor c = conv2d(img, cw, Tensor(), {1, 1, 1, 1});  // [2, 2, 4, 4] bfloat16
+      const Tensor y = linear(reshape(c, {16, 4}), w, Tensor());  // [16, 3]
+      return sum(mul(y, y));
+    };
+    const Tensor rcw = leaf32({2, 1, 3, 3}, 5), rw = leaf32({3, 4}, 1);
+    loss(rcw, rw).backward();
+    const Tensor cw = leaf32({2, 1, 3, 3}, 5), w = leaf32({3, 4}, 1);
+    parallel::FlatBuffer fb({cw, w});
+    fb.attach();
+    fb.zero_();
+    bool lent = false;
+    cw.register_hook([&](const Tensor& g) {
+      lent = g.raw_data() == fb.views()[0].raw_data();
+      return Tensor();
+    });
+    loss(cw, w).backward();
+    CHECK(lent);
+    REQUIRE(cw.grad().dtype() == kFloat32);
+    CHECK(values(cw.grad()) == values(rcw.grad()));
+    CHECK(values(w.grad()) == values(rw.grad()));
+    CHECK(w.grad().same(fb.views()[1]));
+    // Without the zeroing the conversion's gradient is added, as before.
+    loss(cw, w).backward();
+    CHECK(test::rel_error(cw.grad(), rcw.grad() * 2.0) == 0.0);
   }
 }
 
