@@ -216,12 +216,17 @@ inline dim3 split_grid(const ChannelSplit& g) {
 // sums its output]).
 constexpr int kLastMaxLanes = 32;
 
-// Rows a thread loads before it adds the first: 4, or 2 for 16-byte vectors of eight elements
-// (whose sums and loads would otherwise leave room for one block per multiprocessor).
-template <int VEC>
-constexpr int last_unroll() {
-  return VEC >= 8 ? 2 : 4;
+// Rows a thread loads before it adds the first, for `bytes` loaded per row: about 96 bytes in
+// flight per thread, 2 to 8 rows (one 16-byte input: 6; three: 2).
+constexpr int last_unroll(size_t bytes) {
+  const size_t u = 96 / bytes;
+  return u < 2 ? 2 : u > 8 ? 8 : static_cast<int>(u);
 }
+
+// Rows a thread walks in a row group at least: a block's fixed work (its channels'
+// coefficients, the reduction of its row slots, the finish kernel's read of its partials) is
+// then small beside its loads.
+constexpr int64_t kLastRowsPerThread = 16;
 
 // Vectors side by side in a block's tile: the largest power of two up to kLastMaxLanes that is
 // not above the C / vec vectors of a row (a power of two, so a block is whole rows of it).
@@ -232,15 +237,16 @@ inline int last_lanes(int64_t c, int vec) {
   return lanes;
 }
 
-// About four blocks per multiprocessor in all, at least ~4K elements per block.
+// About two blocks per multiprocessor in all (what the vector kernels' registers allow), each
+// thread at least kLastRowsPerThread rows.
 inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
   ChannelSplit g{rows, c, 1, 1, rows, vec, last_lanes(c, vec)};
   if (rows == 0 || c == 0) return g;
   const int64_t tile = int64_t{g.lanes} * vec;
   const int64_t tiles = (c + tile - 1) / tile;
-  const int64_t by_blocks = (4 * 132 + tiles - 1) / tiles;
-  const int64_t by_work = std::max<int64_t>(1, rows * std::min<int64_t>(c, tile) / 4096);
-  g.splits = std::max<int64_t>(1, std::min({by_blocks, by_work, rows}));
+  const int64_t by_blocks = (2 * 132 + tiles - 1) / tiles;
+  const int64_t by_work = rows / (kLastRowsPerThread * (kSplitBlock / g.lanes));
+  g.splits = std::max<int64_t>(1, std::min(by_blocks, by_work));
   g.per = (rows + g.splits - 1) / g.splits;
   g.splits = (rows + g.per - 1) / g.per;
   return g;
@@ -309,8 +315,8 @@ __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelS
   double sums[VEC][M] = {};
   if (c0 < g.c) {
     const auto a = acc.template at<VEC>(c0);
-    for_rows_last<last_unroll<VEC>()>(g, c0, s, [&](int64_t i) { return a.load(i); },
-                               [&](int64_t, const auto& v) { a.add(v, sums); });
+    constexpr int U = last_unroll(sizeof(decltype(a.load(int64_t{0}))));
+    for_rows_last<U>(g, c0, s, [&](int64_t i) { return a.load(i); }, [&](int64_t, const auto& v) { a.add(v, sums); });
   }
   store_partials_last<VEC, M>(sums, g, s, partial);
 }
@@ -380,13 +386,15 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
   };
   if (step % channel_vecs == 0) {
     load(v);  // c0 < C also for a thread past the end: the loads stay in bounds
-    for (; v + step < vecs; v += 2 * step) {  // both read before either is written
-      const Vec<Out, VEC> a = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v]...);
-      const Vec<Out, VEC> b = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v + step]...);
-      reinterpret_cast<Vec<Out, VEC>*>(out)[v] = a;
-      reinterpret_cast<Vec<Out, VEC>*>(out)[v + step] = b;
+    constexpr int U = 2;
+    for (; v + (U - 1) * step < vecs; v += U * step) {  // all U read before any is written
+      Vec<Out, VEC> o[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) o[u] = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v + u * step]...);
+#pragma unroll
+      for (int u = 0; u < U; ++u) reinterpret_cast<Vec<Out, VEC>*>(out)[v + u * step] = o[u];
     }
-    if (v < vecs) run(coef, v);
+    for (; v < vecs; v += step) run(coef, v);
   } else {
     for (; v < vecs; v += step) {
       load(v);
@@ -547,7 +555,7 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(o.v[k]);
     };
-    for_rows_last<last_unroll<VEC>()>(g, c0, s, load, add);
+    for_rows_last<last_unroll(sizeof(InputVecs<T, VEC, N>))>(g, c0, s, load, add);
   }
   store_partials_last<VEC, 1>(sums, g, s, partial);
 }
