@@ -201,8 +201,8 @@ inline dim3 split_grid(const ChannelSplit& g) {
 // ---- channels-last: [rows, C] with rows = N * H * W (Note [memory formats] in core/tensor.h) ----
 //
 // Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a thread
-// takes VEC consecutive channels of a row -- a 16-byte vector when C and the pointers allow it
-// (channel_vec), else one element -- and a block takes `lanes` such vectors side by side, a
+// takes VEC consecutive channels of a row -- a 16-byte vector for a large tensor whose C and
+// pointers allow it (with_last_vec), else one element -- and a block takes `lanes` such vectors side by side, a
 // tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a warp reads
 // whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels, the
 // rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
@@ -239,19 +239,40 @@ inline int last_lanes(int64_t c, int vec) {
   return lanes;
 }
 
-// About two blocks per multiprocessor in all (what the vector kernels' registers allow), each
-// thread at least kLastRowsPerThread rows.
+// Vectors: about two blocks per multiprocessor in all (what the vector kernels' registers
+// allow), each thread at least kLastRowsPerThread rows. One channel per thread: about four
+// blocks per multiprocessor, at least ~4K elements per block.
 inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
   ChannelSplit g{rows, c, 1, 1, rows, vec, last_lanes(c, vec)};
   if (rows == 0 || c == 0) return g;
   const int64_t tile = int64_t{g.lanes} * vec;
   const int64_t tiles = (c + tile - 1) / tile;
-  const int64_t by_blocks = (2 * 132 + tiles - 1) / tiles;
-  const int64_t by_work = rows / (kLastRowsPerThread * (kSplitBlock / g.lanes));
+  const int64_t by_blocks = ((vec > 1 ? 2 : 4) * 132 + tiles - 1) / tiles;
+  const int64_t by_work = vec > 1 ? rows / (kLastRowsPerThread * (kSplitBlock / g.lanes))
+                                  : rows * std::min<int64_t>(c, tile) / 4096;
   g.splits = std::max<int64_t>(1, std::min(by_blocks, by_work));
   g.per = (rows + g.splits - 1) / g.splits;
   g.splits = (rows + g.per - 1) / g.per;
   return g;
+}
+
+// Channels-last tensors of at least this many elements are reduced in 16-byte vectors, smaller
+// ones one channel per thread. Measured on an H100 in ResNet-18's replayed step (bfloat16): the
+// vectors took the largest activations' passes (12.8 M elements) from 26 to 19 us (statistics),
+// 38 to 32 (gradient sums) and 86 to 39 (the dx pass that sums dbias), and the 6.4 M ones' dx
+// pass from 43 to 22; but the 3.2 M and 2.1 M ones' passes from 4.6-6 to 7-16 us, their few
+// rows per thread not hiding the double-precision sums at the vector kernels' occupancy.
+constexpr int64_t kLastVectorElements = int64_t{1} << 22;
+
+// Calls f(std::integral_constant<int, VEC>): VEC = channel_vec<T>(c, p...) for a channels-last
+// tensor of `numel` >= kLastVectorElements elements and C channels, else 1.
+template <typename T, typename F, typename... P>
+void with_last_vec(int64_t numel, int64_t c, F f, const P*... p) {
+  if (numel >= kLastVectorElements) {
+    with_channel_vec<T>(c, f, p...);
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
 }
 
 inline dim3 split_grid_last(const ChannelSplit& g) {
@@ -343,14 +364,14 @@ struct SumLast {
 };
 
 // Launches channel_partials_last<VEC, M>(g, acc, partial) over `like`'s rows (channels-last
-// [N, C, H, W]) at the widest vector that C and the pointers p allow; allocates `partial` and
-// returns the split for the finish kernel.
+// [N, C, H, W]) at the vector width with_last_vec picks for C and the pointers p; allocates
+// `partial` and returns the split for the finish kernel.
 template <int M, typename T, typename Acc, typename... P>
 ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& partial, cudaStream_t stream,
                                   const P*... p) {
   const int64_t c = like.size(1), rows = c == 0 ? 0 : like.numel() / c;
   ChannelSplit g;
-  with_channel_vec<T>(c, [&](auto vec) {
+  with_last_vec<T>(like.numel(), c, [&](auto vec) {
     g = channel_split_last(rows, c, vec.value);
     partial = empty({g.c * g.splits * M}, kFloat64, like.device());
     channel_partials_last<vec.value, M><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, acc, ptr<double>(partial));
@@ -570,7 +591,7 @@ void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStr
   ChannelSplit g;
   Tensor partial;
   // The vector width is that of out alone: channel_sum_any(out)'s.
-  with_channel_vec<T>(last ? like.size(1) : channel_split_of(like).hw, [&](auto vec) {
+  const auto run = [&](auto vec) {
     g = channel_split_of(like, vec.value);
     partial = empty({g.c * g.splits}, kFloat64, like.device());
     const bool aligned = channel_vec<T>(last ? g.c : g.hw, static_cast<const T*>(out), in...) == vec.value;
@@ -581,7 +602,12 @@ void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStr
       channel_map_sum_kernel<vec.value><<<split_grid(g), kSplitBlock, 0, stream>>>(
           f, out, ptr<double>(partial), g, aligned, in...);
     }
-  }, static_cast<const T*>(out));
+  };
+  if (last) {
+    with_last_vec<T>(like.numel(), like.size(1), run, static_cast<const T*>(out));
+  } else {
+    with_channel_vec<T>(channel_split_of(like).hw, run, static_cast<const T*>(out));
+  }
   TANDEM_CUDA_CHECK_LAUNCH();
   channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
   TANDEM_CUDA_CHECK_LAUNCH();

@@ -302,15 +302,21 @@ TEST_CASE("cuda batch norm: training, evaluation and backward", "[cuda]") {
 
 TEST_CASE("cuda channels-last batch norm and channel sums in every tile shape", "[cuda][memory_format]") {
   TANDEM_REQUIRE_CUDA();
-  // C sets how many channels a thread takes (a 16-byte vector when C allows it) and the tile a
-  // block covers (Note [channels-last channel reductions]): one channel, fewer channels than a
-  // vector, a last tile only partly used, several tiles, one vector past a whole tile. 5 x 9 x
-  // 7 = 315 rows: several row groups, and a tail past the rows a thread loads at once.
+  // C sets how many channels a thread takes and the tile a block covers (Note [channels-last
+  // channel reductions]): one channel, fewer channels than a vector, a last tile only partly
+  // used, several tiles, one vector past a whole tile. 5 x 9 x 7 = 315 rows: several row groups,
+  // and a tail past the rows a thread loads at once. Tensors of 2^22 elements and more take 16-
+  // byte vectors: the last shapes, C = 64 (ResNet-18's first stage) and 264 (a last tile with
+  // one vector), with 65536 and 15925 rows.
+  std::vector<Shape> shapes;
+  for (int64_t c : {1, 3, 8, 24, 40, 64, 96, 136, 264}) shapes.push_back({5, c, 9, 7});
+  shapes.push_back({64, 64, 32, 32});
+  shapes.push_back({325, 264, 7, 7});
   for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
     const DType pt = dt == kBFloat16 ? kFloat32 : dt;  // bfloat16 activations keep float32 parameters
     const double act_tol = dt == kBFloat16 ? 1.0 / 64 : 8 * tol(dt), stat_tol = 8 * tol(pt);
-    for (int64_t c : {1, 3, 8, 24, 40, 64, 96, 136, 264}) {
-      const Shape shape{5, c, 9, 7};
+    for (const Shape& shape : shapes) {
+      const int64_t c = shape[1];
       INFO(dtype_name(dt) << " " << shape_str(shape));
       const Tensor z = uniform(shape, -2.0, 2.0).to(dt), dy = uniform(shape, -1.0, 1.0).to(dt);
       const Tensor bias = uniform({c}, -1.0, 1.0).to(dt);
