@@ -139,8 +139,9 @@ struct AccumulateGrad : Node {
 // backward, before the leaf's AccumulateGrad runs, .grad already holds the new gradient, and
 // writes into .grad between mark_grad_zero and the backward by other means than set_grad
 // would be overwritten, not added to (FlatBuffer::zero_'s callers zero right before the
-// forward). Backward functions that use it: linear (and linear + activation), conv2d, and the
-// dtype conversion (an autocast weight's bfloat16 gradient cast into its float32 .grad).
+// forward). Backward functions that use it: linear (and linear + activation), conv2d, batch
+// norm in training (gamma, beta), and the dtype conversion (an autocast weight's bfloat16
+// gradient cast into its float32 .grad).
 void mark_grad_zero(const Tensor& leaf);
 Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device);
 

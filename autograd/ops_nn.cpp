@@ -204,7 +204,12 @@ Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, c
     record(name, {x, bias, gamma, beta}, {r.y},
            [nx, nbias, ng, nb, x = saved(x), bias = saved(bias), gamma = saved(gamma), mean = r.save_mean,
             invstd = r.save_invstd, y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
-             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias);
+             // gamma's and beta's gradients straight into their zeroed .grad where they can
+             // (Note [gradients written in place]).
+             const Shape cs{x.size(1)};
+             const Tensor dg_to = ng ? autograd::grad_destination(2, cs, mean.dtype(), x.device()) : Tensor();
+             const Tensor db_to = nb ? autograd::grad_destination(3, cs, mean.dtype(), x.device()) : Tensor();
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to);
              return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
            });
   }

@@ -119,11 +119,14 @@ struct BatchNormGrads {
 };
 // relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU). bias: the
 // forward's; with_dbias: also dbias = the per-channel sum of dx, bit for bit
-// conv2d_backward_bias(dx).
+// conv2d_backward_bias(dx). dgamma_into, dbeta_into: packed [C] tensors of save_mean's dtype
+// and device to write dgamma and dbeta into (Note [gradients written in place]); undefined:
+// fresh ones.
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out = Tensor(), const Tensor& bias = Tensor(),
-                                   bool with_dbias = false);
+                                   bool with_dbias = false, const Tensor& dgamma_into = Tensor(),
+                                   const Tensor& dbeta_into = Tensor());
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

@@ -467,7 +467,8 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                   const Tensor& relu_out, const Tensor& bias, bool with_dbias) {
+                                   const Tensor& relu_out, const Tensor& bias, bool with_dbias,
+                                   const Tensor& dgamma_into, const Tensor& dbeta_into) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
@@ -482,8 +483,9 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
-  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), Tensor({c}, bn_param_dtype(x), x.device()),
-                   Tensor({c}, bn_param_dtype(x), x.device()),
+  // save_mean has the per-channel dtype and x's device (check_bn_args).
+  BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), output_into(op, dgamma_into, {c}, save_mean, "dgamma"),
+                   output_into(op, dbeta_into, {c}, save_mean, "dbeta"),
                    with_dbias ? Tensor({c}, x.dtype(), x.device()) : Tensor()};
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                          or_full(gamma, c, 1.0, x), save_mean.contiguous(), save_invstd.contiguous(),

@@ -244,4 +244,59 @@ TEST_CASE("linear_backward and conv2d_backward_weight write into the tensors giv
   msg = test::error_message<ShapeError>(
       [&] { kernels::conv2d_backward_weight(img, cdy, {}, {2, 1, 3, 3}, true, Tensor(), zeros({3})); });
   CHECK(test::contains(msg, "db"));
+
+  const Tensor bx = uniform({4, 3, 2, 2}, -1.0, 1.0), bdy = uniform({4, 3, 2, 2}, -1.0, 1.0);
+  const Tensor gamma = uniform({3}, 0.5, 1.5), rm = zeros({3}), rv = ones({3});
+  const kernels::BatchNormResult r = kernels::batch_norm_train(bx, gamma, zeros({3}), rm, rv, 0.1, 1e-5);
+  const kernels::BatchNormGrads bw = kernels::batch_norm_backward(bdy, bx, gamma, r.save_mean, r.save_invstd);
+  const Tensor dg = zeros({3}), dbeta = zeros({3});
+  const kernels::BatchNormGrads bg = kernels::batch_norm_backward(bdy, bx, gamma, r.save_mean, r.save_invstd,
+                                                                  Tensor(), Tensor(), false, dg, dbeta);
+  CHECK(bg.dgamma.same(dg));
+  CHECK(bg.dbeta.same(dbeta));
+  CHECK(values(dg) == values(bw.dgamma));
+  CHECK(values(dbeta) == values(bw.dbeta));
+  CHECK(values(bg.dx) == values(bw.dx));
+  msg = test::error_message<ShapeError>([&] {
+    kernels::batch_norm_backward(bdy, bx, gamma, r.save_mean, r.save_invstd, Tensor(), Tensor(), false, zeros({4}));
+  });
+  CHECK(test::contains(msg, "dgamma"));
+  msg = test::error_message<DTypeError>([&] {
+    kernels::batch_norm_backward(bdy, bx, gamma, r.save_mean, r.save_invstd, Tensor(), Tensor(), false, Tensor(),
+                                 zeros({3}, kFloat64));
+  });
+  CHECK(test::contains(msg, "dbeta"));
+}
+
+TEST_CASE("batch norm's gamma and beta gradients are written into a zeroed FlatBuffer", "[autograd][grad_in_place]") {
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    Generator gen(23);
+    const Tensor x = uniform({4, 3, 5, 5}, -1.0, 1.0, kFloat64, kCPU, &gen).to(d);
+    const Tensor rm = zeros({3}, kFloat64, d), rv = ones({3}, kFloat64, d);
+    const auto loss = [&](const Tensor& gamma, const Tensor& beta, bool relu) {
+      const Tensor y = relu ? batch_norm_relu(x, gamma, beta, rm, rv, true, 0.1, 1e-5)
+                            : batch_norm(x, gamma, beta, rm, rv, true, 0.1, 1e-5);
+      return sum(mul(y, y));
+    };
+    for (bool relu : {false, true}) {
+      INFO("relu " << relu);
+      const Tensor rg = leaf({3}, d, 24), rb = leaf({3}, d, 25);
+      loss(rg, rb, relu).backward();
+      const Tensor gamma = leaf({3}, d, 24), beta = leaf({3}, d, 25);
+      parallel::FlatBuffer fb({gamma, beta});
+      fb.attach();
+      fb.zero_();
+      bool lent = false;
+      beta.register_hook([&](const Tensor& g) {
+        lent = g.raw_data() == fb.views()[1].raw_data();
+        return Tensor();
+      });
+      loss(gamma, beta, relu).backward();
+      CHECK(lent);
+      CHECK(values(gamma.grad()) == values(rg.grad()));
+      CHECK(values(beta.grad()) == values(rb.grad()));
+      CHECK(gamma.grad().same(fb.views()[0]));
+    }
+  }
 }
