@@ -260,7 +260,7 @@ inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
 // ones one channel per thread. Measured on an H100 in ResNet-18's replayed step (bfloat16): the
 // vectors took the largest activations' passes (12.8 M elements) from 26 to 19 us (statistics),
 // 38 to 32 (gradient sums) and 86 to 39 (the dx pass that sums dbias), and the 6.4 M ones' dx
-// pass from 43 to 22; but the 3.2 M and 2.1 M ones' passes from 4.6-6 to 7-16 us, their few
+// pass from 43 to 22; but the 3.2 M and 2.1 M ones' passes from 4.6-11 to 7-17 us, their few
 // rows per thread not hiding the double-precision sums at the vector kernels' occupancy.
 constexpr int64_t kLastVectorElements = int64_t{1} << 22;
 
