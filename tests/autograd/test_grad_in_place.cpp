@@ -3,6 +3,7 @@
 // buffer. The gradients must be those of the usual way (written apart, then added) bit for bit,
 // in every case the add covered: a parameter used twice, two backwards into one zeroing, a tensor
 // hook that replaces the gradient, a gradient set by hand after the zeroing.
+#include <memory>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -55,6 +56,19 @@ std::vector<std::vector<double>> grads_of(const Params& p) {
   return out;
 }
 
+// Attaches and zeroes fb and hooks `param`, fb's k-th tensor: the flag it returns says whether
+// the gradient that reached param's accumulator was fb's own view, written in place.
+std::shared_ptr<bool> zero_and_watch(parallel::FlatBuffer& fb, const Tensor& param, size_t k) {
+  fb.attach();
+  fb.zero_();
+  auto lent = std::make_shared<bool>(false);
+  param.register_hook([lent, view = fb.views()[k]](const Tensor& g) {
+    *lent = g.raw_data() == view.raw_data();
+    return Tensor();
+  });
+  return lent;
+}
+
 }  // namespace
 
 TEST_CASE("gradients written into a zeroed FlatBuffer equal the gradients added to it", "[autograd][grad_in_place]") {
@@ -66,16 +80,10 @@ TEST_CASE("gradients written into a zeroed FlatBuffer equal the gradients added 
 
     const Params p = make_params(d);
     parallel::FlatBuffer fb(p.all());
-    fb.attach();
-    fb.zero_();
     // The weight's gradient reaches its accumulator as the buffer's own view: written in place.
-    bool lent = false;
-    p.w1.register_hook([&](const Tensor& g) {
-      lent = g.raw_data() == fb.views()[0].raw_data();
-      return Tensor();
-    });
+    const std::shared_ptr<bool> lent = zero_and_watch(fb, p.w1, 0);
     loss_of(p, d).backward();
-    CHECK(lent);
+    CHECK(*lent);
     CHECK(grads_of(p) == grads_of(ref));
     for (size_t k = 0; k < p.all().size(); ++k) CHECK(p.all()[k].grad().same(fb.views()[k]));
 
@@ -88,9 +96,9 @@ TEST_CASE("gradients written into a zeroed FlatBuffer equal the gradients added 
 
     // A new zeroing lends again, and the result is again one backward's.
     fb.zero_();
-    lent = false;
+    *lent = false;
     loss_of(p, d).backward();
-    CHECK(lent);
+    CHECK(*lent);
     CHECK(grads_of(p) == grads_of(ref));
   }
 }
@@ -118,15 +126,9 @@ TEST_CASE("an autocast weight's gradient is cast straight into a zeroed FlatBuff
     loss(rcw, rw).backward();
     const Tensor cw = leaf32({2, 1, 3, 3}, 5), w = leaf32({3, 4}, 1);
     parallel::FlatBuffer fb({cw, w});
-    fb.attach();
-    fb.zero_();
-    bool lent = false;
-    cw.register_hook([&](const Tensor& g) {
-      lent = g.raw_data() == fb.views()[0].raw_data();
-      return Tensor();
-    });
+    const std::shared_ptr<bool> lent = zero_and_watch(fb, cw, 0);
     loss(cw, w).backward();
-    CHECK(lent);
+    CHECK(*lent);
     REQUIRE(cw.grad().dtype() == kFloat32);
     CHECK(values(cw.grad()) == values(rcw.grad()));
     CHECK(values(w.grad()) == values(rw.grad()));
@@ -285,15 +287,9 @@ TEST_CASE("batch norm's gamma and beta gradients are written into a zeroed FlatB
       loss(rg, rb, relu).backward();
       const Tensor gamma = leaf({3}, d, 24), beta = leaf({3}, d, 25);
       parallel::FlatBuffer fb({gamma, beta});
-      fb.attach();
-      fb.zero_();
-      bool lent = false;
-      beta.register_hook([&](const Tensor& g) {
-        lent = g.raw_data() == fb.views()[1].raw_data();
-        return Tensor();
-      });
+      const std::shared_ptr<bool> lent = zero_and_watch(fb, beta, 1);
       loss(gamma, beta, relu).backward();
-      CHECK(lent);
+      CHECK(*lent);
       CHECK(values(gamma.grad()) == values(rg.grad()));
       CHECK(values(beta.grad()) == values(rb.grad()));
       CHECK(gamma.grad().same(fb.views()[0]));
