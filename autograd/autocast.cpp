@@ -9,6 +9,7 @@ namespace {
 // Per host thread, like grad mode: one replica's thread never changes another's precision.
 thread_local bool t_autocast_enabled = false;
 thread_local DType t_autocast_dtype = kBFloat16;
+thread_local const AutocastWeights* t_autocast_weights = nullptr;
 }  // namespace
 
 bool is_autocast_enabled() {
@@ -42,7 +43,47 @@ AutocastGuard::~AutocastGuard() {
 
 Tensor autocast_input(const Tensor& x) {
   if (!t_autocast_enabled || !x.defined() || x.dtype() != kFloat32) return x;
+  if (t_autocast_weights != nullptr && t_autocast_weights->dtype() == t_autocast_dtype) {
+    if (const Tensor copy = t_autocast_weights->lookup(x); copy.defined()) return to_converted(x, copy);
+  }
   return to(x, t_autocast_dtype);
+}
+
+AutocastWeights::AutocastWeights(const std::vector<Tensor>& params, DType dtype) : params_(params) {
+  TANDEM_CHECK(dtype == kBFloat16, DType, "AutocastWeights: the copy's dtype must be bfloat16, got ",
+               dtype_name(dtype));
+  for (size_t i = 0; i < params.size(); ++i) {
+    TANDEM_CHECK(params[i].defined() && params[i].dtype() == kFloat32, DType, "AutocastWeights: parameter ", i,
+                 " is ", params[i].defined() ? params[i].str() : std::string("undefined"), ", not float32");
+  }
+  flat_ = contiguous_span(params);
+  TANDEM_CHECK(flat_.defined(), Value, "AutocastWeights: the ", params.size(),
+               " parameters do not lie back to back in one buffer (coalesce them first: parallel::coalesce)");
+  copy_ = empty({flat_.numel()}, dtype, flat_.device());
+  views_ = split_views(copy_, params);
+}
+
+void AutocastWeights::refresh() {
+  const Tensor span = contiguous_span(params_);
+  TANDEM_CHECK(span.defined() && span.raw_data() == flat_.raw_data(), Value,
+               "AutocastWeights::refresh: the parameters no longer lie where the copy was made for (moved to "
+               "another device or storage since); make a new AutocastWeights");
+  copy_.copy_(flat_);
+}
+
+Tensor AutocastWeights::lookup(const Tensor& p) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].same(p)) return views_[i];
+  }
+  return Tensor();
+}
+
+AutocastWeightsGuard::AutocastWeightsGuard(const AutocastWeights* weights) : prev_(t_autocast_weights) {
+  t_autocast_weights = weights;
+}
+
+AutocastWeightsGuard::~AutocastWeightsGuard() {
+  t_autocast_weights = prev_;
 }
 
 Tensor autocast_float32(const Tensor& x) {

@@ -24,12 +24,15 @@
 // whose bfloat16 activations reach one needs a cast (`to(y, kFloat32)`) before it.
 //
 // Differences from PyTorch: one state for all devices (PyTorch has one per device type); no
-// cache of the cast weights within a scope (each linear casts its weight again, which costs
-// one small elementwise kernel per call; PyTorch caches the casts of leaf parameters);
-// bfloat16 is the only autocast dtype, as tandem has no float16.
+// cache of the cast weights within a scope by default (each linear casts its weight again,
+// which costs one small elementwise kernel per call; PyTorch caches the casts of leaf
+// parameters), but a whole model's casts as one kernel with AutocastWeights (below); bfloat16
+// is the only autocast dtype, as tandem has no float16.
 //
 // The state is thread-local like grad mode (autograd/grad_mode.h); parallel::DeviceWorkers
 // gives each worker the caller's state for a run, as PyTorch's parallel_apply does.
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace tandem {
@@ -55,8 +58,52 @@ class AutocastGuard {
   DType prev_dtype_;
 };
 
+// Note [autocast weight copies]: under autocast every float32 weight and bias a convolution or
+// a linear layer uses is cast in the forward, one kernel each (ResNet-18: 44 a step, most of
+// them a few microseconds of a nearly idle GPU). AutocastWeights holds one bfloat16 copy of
+// parameters that lie back to back in one buffer (a model's coalesced parameters,
+// parallel::coalesce) and refreshes the whole copy with one cast. While an
+// AutocastWeightsGuard installs it on this thread, autocast_input answers one of those
+// parameters with its slice of the copy, still through the dtype conversion's autograd node
+// (to_converted), so its gradient reaches the float32 parameter as before: the same values
+// and gradients, bit for bit, with one kernel for the model instead of one per tensor.
+//
+// The copy holds the parameters as they were at the last refresh(). Whoever installs it
+// refreshes it after every change of the parameters and before the forward that uses it (the
+// one-device step: first thing in the step, inside its CUDA graph), and does not refresh it
+// between a forward and that forward's backward (the backward reads the copy the forward saved,
+// as it would read a parameter changed in place). The guard is per thread: device workers
+// running a replica cast as before.
+class AutocastWeights {
+ public:
+  // params: float32 tensors back to back in one buffer, in order (contiguous_span defined);
+  // ValueError or DTypeError naming what is not.
+  explicit AutocastWeights(const std::vector<Tensor>& params, DType dtype = kBFloat16);
+  void refresh();  // one cast of the whole buffer into the copy, on its device's stream
+  // The copy's slice for p (p itself one of the parameters), else an undefined tensor.
+  Tensor lookup(const Tensor& p) const;
+  DType dtype() const { return copy_.dtype(); }
+
+ private:
+  std::vector<Tensor> params_, views_;
+  Tensor flat_, copy_;
+};
+
+// Installs `weights` for autocast_input on this thread for its scope (null: none); nests.
+class AutocastWeightsGuard {
+ public:
+  explicit AutocastWeightsGuard(const AutocastWeights* weights);
+  ~AutocastWeightsGuard();
+  AutocastWeightsGuard(const AutocastWeightsGuard&) = delete;
+  AutocastWeightsGuard& operator=(const AutocastWeightsGuard&) = delete;
+
+ private:
+  const AutocastWeights* prev_;
+};
+
 // Under autocast, a float32 tensor cast to autocast_dtype() through the differentiable `to`
-// (Note [autocast]); otherwise, and for undefined tensors and other dtypes, x itself.
+// (Note [autocast]), or its slice of the installed AutocastWeights copy (Note [autocast weight
+// copies]); otherwise, and for undefined tensors and other dtypes, x itself.
 Tensor autocast_input(const Tensor& x);
 // Under autocast, a tensor of the autocast dtype cast up to float32 (the float32 list of Note
 // [autocast]); otherwise x itself.

@@ -98,6 +98,11 @@ Tensor to_device(const Tensor& x, Device d);
 // dtype, so a float32 leaf used through a bfloat16 copy gets a float32 .grad. A conversion to
 // an integer dtype records nothing (its result cannot require grad), as in PyTorch.
 Tensor to(const Tensor& x, DType dtype);
+// The same node for a conversion of x made elsewhere: `converted` holds x's values in another
+// floating dtype (an autocast weight copy, Note [autocast weight copies] in
+// autograd/autocast.h). Returns a fresh alias of it whose gradient is cast back into x's; no
+// kernel runs. ShapeError unless the shapes match.
+Tensor to_converted(const Tensor& x, const Tensor& converted);
 
 // ---- neural network ops ------------------------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D

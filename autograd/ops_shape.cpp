@@ -119,9 +119,11 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   return y;
 }
 
-Tensor to(const Tensor& x, DType dtype) {
-  Tensor y = fresh_alias(x.to(dtype), x);
-  if (is_floating(dtype) && autograd::any_requires_grad({&x})) {
+namespace {
+
+// The dtype conversion's node from x to y, y holding x's values in another dtype.
+Tensor record_conversion(const Tensor& x, const Tensor& y) {
+  if (is_floating(y.dtype()) && autograd::any_requires_grad({&x})) {
     record("ToCopy", {x}, {y}, [src = x.dtype(), xs = x.shape()](TensorList&& g) -> TensorList {
       // An autocast weight's gradient is cast straight into its zeroed .grad (Note [gradients
       // written in place]): one pass instead of the cast and then the add.
@@ -133,6 +135,19 @@ Tensor to(const Tensor& x, DType dtype) {
     });
   }
   return y;
+}
+
+}  // namespace
+
+Tensor to(const Tensor& x, DType dtype) {
+  return record_conversion(x, fresh_alias(x.to(dtype), x));
+}
+
+Tensor to_converted(const Tensor& x, const Tensor& converted) {
+  TANDEM_CHECK(x.defined() && converted.defined() && converted.shape() == x.shape(), Shape,
+               "to_converted: the conversion ", converted.defined() ? converted.str() : std::string("(undefined)"),
+               " is not of ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  return record_conversion(x, converted.detach());
 }
 
 Tensor to_device(const Tensor& x, Device device) {

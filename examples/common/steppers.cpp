@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/cuda_graph.h"
 #include "core/error.h"
@@ -92,9 +94,12 @@ class SingleDeviceStepper final : public Stepper {
     const Device d = cfg.devices.front();
     model_->to(d);
     model_->train();
-    parallel::try_coalesce(model_->parameters());
+    const bool coalesced = parallel::try_coalesce(model_->parameters()).defined();
     grads_ = parallel::FlatBuffer(model_->parameters());
     grads_.attach();
+    // Under autocast, the model's bfloat16 weights from one cast a step (Note [autocast weight
+    // copies] in autograd/autocast.h).
+    if (cfg.precision == "bf16" && coalesced) autocast_weights_.emplace(model_->parameters());
     // Only a graph needs it: StepGraph runs CPU steps eagerly.
     opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
   }
@@ -120,6 +125,8 @@ class SingleDeviceStepper final : public Stepper {
                   const Tensor& correct) {
     const data::Batch b = data.get(index);
     grads_.zero_();
+    if (autocast_weights_) autocast_weights_->refresh();
+    AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
     Tensor logits = (*model_)(b.x);
     Tensor loss = cross_entropy(logits, b.y);
     loss.backward();
@@ -130,6 +137,7 @@ class SingleDeviceStepper final : public Stepper {
 
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
+  std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   StepGraph graph_;
 };

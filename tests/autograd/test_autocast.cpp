@@ -14,11 +14,14 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "catch.h"
+#include "core/error.h"
 #include "core/generator.h"
 #include "helpers.h"
 #include "kernels/bf16_test_util.h"
 #include "kernels/ops.h"
+#include "nn/conv.h"
 #include "nn/linear.h"
+#include "parallel/replicate.h"
 #include "parallel/workers.h"
 
 using namespace tandem;
@@ -206,4 +209,76 @@ TEST_CASE("autocast reaches the DeviceWorkers threads", "[autograd][bf16][parall
   CHECK(seen == std::vector<int>{1, 1});
   workers.run([&](size_t rank) { seen[rank] = is_autocast_enabled() ? 1 : 0; });
   CHECK(seen == std::vector<int>{0, 0});
+}
+
+TEST_CASE("autocast weight copies: one cast for a coalesced model, the same values and gradients",
+          "[autograd][bf16]") {
+  for (Device d : test_devices()) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      INFO(d.str() << (fmt == MemoryFormat::ChannelsLast ? ", channels-last" : ""));
+      Generator gen(31);
+      nn::Conv2d conv(2, 4, 3, 1, 1, true, gen);
+      nn::Linear fc(4 * 5 * 5, 3, true, gen);
+      conv.to(d);
+      fc.to(d);
+      conv.to(fmt);  // a channels-last weight keeps its strides in the copy
+      std::vector<Tensor> params = conv.parameters();
+      for (const Tensor& p : fc.parameters()) params.push_back(p);
+      parallel::coalesce(params);
+      const Tensor x = uniform({3, 2, 5, 5}, -1.0, 1.0, kFloat32, kCPU, &gen).to(d).contiguous(fmt);
+      const auto step = [&](const AutocastWeights* weights) {
+        for (const Tensor& p : params) p.set_grad(Tensor());
+        AutocastGuard autocast;
+        AutocastWeightsGuard installed(weights);
+        const Tensor y = fc(reshape(conv(x), {3, 4 * 5 * 5}));
+        sum(mul(y, y)).backward();
+        std::vector<std::vector<double>> out{values(y)};
+        for (const Tensor& p : params) out.push_back(values(p.grad()));
+        return out;
+      };
+      const auto cast_each = step(nullptr);
+      AutocastWeights weights(params);
+      weights.refresh();
+      CHECK(step(&weights) == cast_each);
+
+      // autocast_input answers a parameter with its slice of the copy, anything else with a cast.
+      AutocastGuard autocast;
+      AutocastWeightsGuard installed(&weights);
+      const Tensor w16 = autocast_input(conv.weight());
+      CHECK(w16.dtype() == kBFloat16);
+      CHECK(w16.raw_data() == weights.lookup(conv.weight()).raw_data());
+      CHECK(w16.strides() == conv.weight().strides());
+      const Tensor other = uniform({4}, -1.0, 1.0, kFloat32).to(d);
+      CHECK_FALSE(weights.lookup(other).defined());
+      CHECK(values(autocast_input(other)) == values(other.to(kBFloat16)));
+      // The copy is what the last refresh saw.
+      const std::vector<double> before = values(autocast_input(fc.bias()));
+      {
+        NoGradGuard no_grad;
+        fc.bias().fill_(0.5);
+      }
+      CHECK(values(autocast_input(fc.bias())) == before);
+      weights.refresh();
+      CHECK(values(autocast_input(fc.bias())) == std::vector<double>(3, 0.5));
+    }
+  }
+}
+
+TEST_CASE("autocast weight copies name what they cannot take", "[autograd][bf16]") {
+  Generator gen(37);
+  nn::Linear a(3, 2, true, gen), b(2, 2, true, gen);
+  // Not coalesced: each parameter in its own storage.
+  CHECK(contains(error_message<ValueError>([&] { AutocastWeights w(a.parameters()); }), "back to back"));
+  const Tensor f64 = zeros({2}, kFloat64);
+  CHECK(contains(error_message<DTypeError>([&] { AutocastWeights w({f64}); }), "parameter 0"));
+  std::vector<Tensor> params = a.parameters();
+  parallel::coalesce(params);
+  AutocastWeights weights(params);
+  CHECK(contains(error_message<DTypeError>([&] { AutocastWeights w(params, kFloat32); }), "bfloat16"));
+  // The parameters moved into another buffer: the copy refuses to refresh from the old one.
+  std::vector<Tensor> both = params;
+  for (const Tensor& p : b.parameters()) both.push_back(p);
+  parallel::coalesce(both);
+  CHECK(contains(error_message<ValueError>([&] { weights.refresh(); }), "no longer lie"));
+  CHECK(contains(error_message<ShapeError>([&] { to_converted(zeros({2}), zeros({3}, kBFloat16)); }), "to_converted"));
 }
