@@ -63,6 +63,13 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params, DType dtype)
   views_ = split_views(copy_, params);
 }
 
+bool AutocastWeights::fits(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) {
+    if (!p.defined() || p.dtype() != kFloat32) return false;
+  }
+  return contiguous_span(params).defined();
+}
+
 void AutocastWeights::refresh() {
   const Tensor span = contiguous_span(params_);
   TANDEM_CHECK(span.defined() && span.raw_data() == flat_.raw_data(), Value,

@@ -79,6 +79,8 @@ class AutocastWeights {
   // params: float32 tensors back to back in one buffer, in order (contiguous_span defined);
   // ValueError or DTypeError naming what is not.
   explicit AutocastWeights(const std::vector<Tensor>& params, DType dtype = kBFloat16);
+  // Whether params are what the constructor takes: float32, back to back in one buffer.
+  static bool fits(const std::vector<Tensor>& params);
   void refresh();  // one cast of the whole buffer into the copy, on its device's stream
   // The copy's slice for p (p itself one of the parameters), else an undefined tensor.
   Tensor lookup(const Tensor& p) const;

@@ -5,8 +5,11 @@
 // is empty, sums over the ranks, rank 0's buffers for evaluation, and the merged timeline. A
 // subclass says how to zero the gradients, run forward and step the optimizer.
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "autograd/autocast.h"
 #include "common/stepper.h"
 #include "core/cuda_graph.h"
 #include "parallel/distributed/ddp.h"
@@ -51,6 +54,9 @@ class RankStepper : public Stepper {
   // After every step's optimizer step (the ZeRO stepper prints its memory line after the first).
   virtual void after_step() {}
   void broadcast_buffers();
+  // Under --precision bf16, the steps take their bfloat16 weights from one cast of params a
+  // step when params fit (Note [autocast weight copies] in autograd/autocast.h).
+  void use_autocast_weights(const TrainConfig& cfg, const std::vector<Tensor>& params);
 
   std::shared_ptr<parallel::distributed::ProcessGroup> group_;
 
@@ -66,6 +72,7 @@ class RankStepper : public Stepper {
   std::unique_ptr<parallel::Trace> trace_;
   parallel::Trace* trace_now_ = nullptr;  // the trace while this step is traced
   int64_t traced_steps_ = 0;
+  std::optional<AutocastWeights> autocast_weights_;
   StepGraph graph_;
 };
 

@@ -94,12 +94,13 @@ class SingleDeviceStepper final : public Stepper {
     const Device d = cfg.devices.front();
     model_->to(d);
     model_->train();
-    const bool coalesced = parallel::try_coalesce(model_->parameters()).defined();
+    parallel::try_coalesce(model_->parameters());
     grads_ = parallel::FlatBuffer(model_->parameters());
     grads_.attach();
     // Under autocast, the model's bfloat16 weights from one cast a step (Note [autocast weight
     // copies] in autograd/autocast.h).
-    if (cfg.precision == "bf16" && coalesced) autocast_weights_.emplace(model_->parameters());
+    if (cfg.precision == "bf16" && AutocastWeights::fits(model_->parameters()))
+      autocast_weights_.emplace(model_->parameters());
     // Only a graph needs it: StepGraph runs CPU steps eagerly.
     opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
   }
@@ -246,6 +247,7 @@ class DdpStepper final : public RankStepper {
       : RankStepper(cfg, /*graphable=*/true), ddp_(build_model(cfg), cfg.group, ddp_options(cfg)) {
     ddp_.train();
     opt_ = make_optimizer(cfg, ddp_.parameters(), /*capturable=*/graphed());
+    use_autocast_weights(cfg, ddp_.parameters());  // DDP coalesced them
   }
 
   void set_lr(double lr) override { opt_->set_lr(lr); }
