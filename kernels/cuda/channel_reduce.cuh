@@ -202,18 +202,18 @@ inline dim3 split_grid(const ChannelSplit& g) {
 //
 // Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a thread
 // takes VEC consecutive channels of a row -- a 16-byte vector for a large tensor whose C and
-// pointers allow it (with_last_vec), else one element -- and a block takes `lanes` such vectors side by side, a
-// tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a warp reads
-// whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels, the
-// rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
-// rows in order, loading a few of them (last_unroll) before it adds the first, so that several loads
-// are in flight per thread rather than one; the block's row slots are then added channel by
-// channel in a fixed order, and the same finish kernels add a channel's groups in index
-// order: deterministic, no atomics. The split is a ChannelSplit with n = rows and hw = 1, so
-// partial[(c * splits + s) * M + m] and the finish kernels are those of the NCHW layout. The
-// vector width is part of the order of the additions (it sets the tile and the row slots), so
-// two reductions that must agree bit for bit use the same one (Note [a per-channel map that
-// sums its output]).
+// pointers allow it (with_last_vec), else one element -- and a block takes `lanes` such vectors
+// side by side, a tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a
+// warp reads whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels,
+// the rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
+// rows in order, loading a few of them (last_unroll) before it adds the first, so that several
+// loads are in flight per thread rather than one; the block's row slots are then added channel by
+// channel in a fixed order, and the same finish kernels add a channel's groups in index order:
+// deterministic, no atomics. The split is a ChannelSplit with n = rows and hw = 1, so
+// partial[(c * splits + s) * M + m] and the finish kernels are those of the NCHW layout. The vector
+// width is part of the order of the additions (it sets the tile and the row slots), so two
+// reductions that must agree bit for bit use the same one (Note [a per-channel map that sums its
+// output]).
 constexpr int kLastMaxLanes = 32;
 
 // Rows a thread loads before it adds the first, for `bytes` loaded per row: about 96 bytes in
