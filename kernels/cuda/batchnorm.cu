@@ -21,7 +21,7 @@
 // the running statistics, the apply pass (with the ReLU or without), and in the backward the
 // gradient partials and the dx pass. The saved tensor is z (and b), never z + b. The dx pass,
 // which writes dx anyway, also sums it: db, the bias gradient, is channel_map_sum_any
-// (channel_reduce.cuh), which walks the elements with the split, vector width and order of
+// (channel_any.cuh), which walks the elements with the split, vector width and order of
 // the convolution's bias reduction (channel_sum_any) and adds each rounded T value it stores,
 // in double -- so db is bit for bit what the convolution computes from dx, and the outputs,
 // statistics and every other gradient are those of the two ops. Mathematically a bias before
@@ -33,7 +33,7 @@
 // T; there the fused db (summed in double) differs from theirs in the last bits. The CPU, the
 // reference, adds the bias in a pass of its own and sums db with the convolution's routine.
 #include "core/device.h"
-#include "kernels/cuda/channel_reduce.cuh"
+#include "kernels/cuda/channel_any.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 

@@ -30,7 +30,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
-#include "kernels/cuda/channel_reduce.cuh"
+#include "kernels/cuda/channel_any.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_graph.h"

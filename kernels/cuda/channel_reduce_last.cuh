@@ -1,0 +1,257 @@
+#pragma once
+// Per-channel reductions and maps over a channels-last tensor, read as [rows, C] with rows =
+// N * H * W: the counterparts of channel_reduce.cuh's [N, C, HW] kernels, with the same partial
+// layout and finish kernels.
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/channel_reduce.cuh"
+
+namespace tandem::gpu {
+
+// ---- channels-last: [rows, C] with rows = N * H * W (Note [memory formats] in core/tensor.h) ----
+//
+// Note [channels-last channel reductions]: the channels of one pixel are adjacent, so a thread
+// takes VEC consecutive channels of a row -- a 16-byte vector for a large tensor whose C and
+// pointers allow it (with_last_vec), else one element -- and a block takes `lanes` such vectors
+// side by side, a tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a
+// warp reads whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels,
+// the rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
+// rows in order, loading a few of them (last_unroll) before it adds the first, so that several
+// loads are in flight per thread rather than one; the block's row slots are then added channel by
+// channel in a fixed order, and the same finish kernels add a channel's groups in index order:
+// deterministic, no atomics. The split is a ChannelSplit with n = rows and hw = 1, so
+// partial[(c * splits + s) * M + m] and the finish kernels are those of the NCHW layout. The vector
+// width is part of the order of the additions (it sets the tile and the row slots), so two
+// reductions that must agree bit for bit use the same one (Note [a per-channel map that sums its
+// output]).
+constexpr int kLastMaxLanes = 32;
+
+// Rows a thread loads before it adds the first, for `bytes` loaded per row: about 96 bytes in
+// flight per thread, 2 to 8 rows (one 16-byte input: 6; three: 2).
+constexpr int last_unroll(size_t bytes) {
+  const size_t u = 96 / bytes;
+  return u < 2 ? 2 : u > 8 ? 8 : static_cast<int>(u);
+}
+
+// Rows a thread walks in a row group at least, where the rows allow: fewer, and a block's fixed
+// work (its channels' coefficients, the reduction of its row slots, the finish kernel's read of
+// its partials) outweighs its loads; many more, and a small tensor runs on few blocks whose
+// threads wait for one load after another (16 took the statistics of ResNet-18's last stage,
+// 4 MB, from 4.6 to 9.1 us on an H100).
+constexpr int64_t kLastRowsPerThread = 4;
+
+// Vectors side by side in a block's tile: the largest power of two up to kLastMaxLanes that is
+// not above the C / vec vectors of a row (a power of two, so a block is whole rows of it).
+inline int last_lanes(int64_t c, int vec) {
+  const int64_t vectors = (c + vec - 1) / vec;
+  int lanes = 1;
+  while (lanes < kLastMaxLanes && lanes * 2 <= vectors) lanes *= 2;
+  return lanes;
+}
+
+// Vectors: about two blocks per multiprocessor in all (what the vector kernels' registers
+// allow), each thread at least kLastRowsPerThread rows. One channel per thread: about four
+// blocks per multiprocessor, at least ~4K elements per block.
+inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
+  ChannelSplit g{rows, c, 1, 1, rows, vec, last_lanes(c, vec)};
+  if (rows == 0 || c == 0) return g;
+  const int64_t tile = int64_t{g.lanes} * vec;
+  const int64_t tiles = (c + tile - 1) / tile;
+  const int64_t by_blocks = ((vec > 1 ? 2 : 4) * 132 + tiles - 1) / tiles;
+  const int64_t by_work = vec > 1 ? rows / (kLastRowsPerThread * (kSplitBlock / g.lanes))
+                                  : rows * std::min<int64_t>(c, tile) / 4096;
+  g.splits = std::max<int64_t>(1, std::min(by_blocks, by_work));
+  g.per = (rows + g.splits - 1) / g.splits;
+  g.splits = (rows + g.per - 1) / g.per;
+  return g;
+}
+
+// Channels-last tensors of at least this many elements are reduced in 16-byte vectors, smaller
+// ones one channel per thread. Measured on an H100 in ResNet-18's replayed step (bfloat16): the
+// vectors took the largest activations' passes (12.8 M elements) from 26 to 19 us (statistics),
+// 38 to 32 (gradient sums) and 86 to 39 (the dx pass that sums dbias), and the 6.4 M ones' dx
+// pass from 43 to 22; but the 3.2 M and 2.1 M ones' passes from 4.6-11 to 7-17 us, their few
+// rows per thread not hiding the double-precision sums at the vector kernels' occupancy.
+constexpr int64_t kLastVectorElements = int64_t{1} << 22;
+
+// Calls f(std::integral_constant<int, VEC>): VEC = channel_vec<T>(c, p...) for a channels-last
+// tensor of `numel` >= kLastVectorElements elements and C channels, else 1.
+template <typename T, typename F, typename... P>
+void with_last_vec(int64_t numel, int64_t c, F f, const P*... p) {
+  if (numel >= kLastVectorElements) {
+    with_channel_vec<T>(c, f, p...);
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+inline dim3 split_grid_last(const ChannelSplit& g) {
+  const int64_t tile = int64_t{g.lanes} * g.vec;
+  return dim3(static_cast<unsigned>((g.c + tile - 1) / tile), static_cast<unsigned>(g.splits));
+}
+
+// This thread's first channel in a block of split_grid_last(g): c0 .. c0 + g.vec, all below C
+// when c0 is (C is a multiple of the vector).
+__device__ __forceinline__ int64_t last_first_channel(const ChannelSplit& g) {
+  return (static_cast<int64_t>(blockIdx.x) * g.lanes + static_cast<int64_t>(threadIdx.x) % g.lanes) * g.vec;
+}
+
+// Calls add(i, load(i)) for this thread's rows of group s, i = row * C + c0, rows in order;
+// U rows are loaded before the first of them is added.
+template <int U, typename Load, typename Add>
+__device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c0, int64_t s, Load load, Add add) {
+  const int64_t step = kSplitBlock / g.lanes;
+  const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
+  int64_t row = r0 + static_cast<int64_t>(threadIdx.x) / g.lanes;
+  for (; row + (U - 1) * step < r1; row += U * step) {
+    decltype(load(int64_t{0})) v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = load((row + u * step) * g.c + c0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) add((row + u * step) * g.c + c0, v[u]);
+  }
+  for (; row < r1; row += step) add(row * g.c + c0, load(row * g.c + c0));
+}
+
+// partial[(c * splits + s) * M + m] = the block's sums of channel c, sums[k][m] of each thread
+// for its channel c0 + k, added row slot by row slot in a fixed order. Every thread of the block
+// calls it (it synchronizes), c0 >= g.c included.
+template <int VEC, int M>
+__device__ __forceinline__ void store_partials_last(const double (&sums)[VEC][M], const ChannelSplit& g, int64_t s,
+                                                    double* partial) {
+  __shared__ double shared[kSplitBlock * VEC];
+  const int t = static_cast<int>(threadIdx.x);
+  const int tile = g.lanes * VEC;  // thread t < tile finishes channel t of the tile
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * tile + t;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    if (m > 0) __syncthreads();  // the previous sums are read
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) shared[t * VEC + k] = sums[k][m];
+    __syncthreads();
+    if (t < tile && c < g.c) {
+      double sum = 0;
+      for (int q = 0; q < kSplitBlock / g.lanes; ++q) sum += shared[q * tile + t];
+      partial[(c * g.splits + s) * M + m] = sum;
+    }
+  }
+}
+
+// M partial sums per (channel, row group). acc.at<VEC>(c0) loads what channels c0 .. c0 + VEC
+// need once (a thread keeps its channels, Note [per-channel maps]) and returns a functor a:
+// a.load(i) reads element i (= row * C + c0) of every input, a.add(loaded, sums) adds it into
+// sums[k][0..M) of channel c0 + k. Launch with split_grid_last(g) and kSplitBlock threads,
+// g = channel_split_last(rows, C, VEC).
+template <int VEC, int M, typename Acc>
+__global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
+  const int64_t c0 = last_first_channel(g), s = blockIdx.y;
+  double sums[VEC][M] = {};
+  if (c0 < g.c) {
+    const auto a = acc.template at<VEC>(c0);
+    constexpr int U = last_unroll(sizeof(decltype(a.load(int64_t{0}))));
+    for_rows_last<U>(g, c0, s, [&](int64_t i) { return a.load(i); }, [&](int64_t, const auto& v) { a.add(v, sums); });
+  }
+  store_partials_last<VEC, M>(sums, g, s, partial);
+}
+
+// sums[k][0] += x[i + k]: the partials of channel_sum_finish.
+template <typename T>
+struct SumLast {
+  const T* x;
+  template <int VEC>
+  struct Channels {
+    const T* x;
+    __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
+    __device__ void add(const Vec<T, VEC>& v, double (&sums)[VEC][1]) const {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(v.v[k]);
+    }
+  };
+  template <int VEC>
+  __device__ Channels<VEC> at(int64_t) const {
+    return {x};  // nothing per channel
+  }
+};
+
+// Launches channel_partials_last<VEC, M>(g, acc, partial) over `like`'s rows (channels-last
+// [N, C, H, W]) at the vector width with_last_vec picks for C and the pointers p; allocates
+// `partial` and returns the split for the finish kernel.
+template <int M, typename T, typename Acc, typename... P>
+ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& partial, cudaStream_t stream,
+                                  const P*... p) {
+  const int64_t c = like.size(1), rows = c == 0 ? 0 : like.numel() / c;
+  ChannelSplit g;
+  with_last_vec<T>(like.numel(), c, [&](auto vec) {
+    g = channel_split_last(rows, c, vec.value);
+    partial = empty({g.c * g.splits * M}, kFloat64, like.device());
+    channel_partials_last<vec.value, M><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, acc, ptr<double>(partial));
+  }, p...);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return g;
+}
+
+// out[i] = f(f.coef_of(c), in[i]...) over channels-last [rows, C] tensors, c = i % C; 16-byte
+// vectors when C is a multiple of the vector (a vector then holds VEC consecutive channels of
+// one pixel). When the grid's stride is a multiple of the C / VEC vectors of a pixel, a
+// thread's vectors all hold the same channels, and it loads their coefficients once (Note
+// [per-channel maps]); the launch sizes the grid so (one wave of blocks, each thread looping),
+// and such a thread loads two vectors of every input before it stores the first result (two
+// loads in flight, not one).
+template <int VEC, typename Index, typename F, typename Out, typename... In>
+__global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out* out, const In*... in) {
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+  using Coef = decltype(f.coef_of(int64_t{0}));
+  auto compute = [&](const Coef (&coef)[VEC], const Vec<In, VEC>&... x) {
+    Vec<Out, VEC> o;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o.v[k] = f(coef[k], x.v[k]...);
+    return o;
+  };
+  auto run = [&](const Coef (&coef)[VEC], Index at) {
+    reinterpret_cast<Vec<Out, VEC>*>(out)[at] = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[at]...);
+  };
+  Coef coef[VEC];
+  auto load = [&](Index at) {
+    const int64_t c0 = static_cast<int64_t>(at % channel_vecs) * VEC;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) coef[k] = f.coef_of(c0 + k);
+  };
+  if (step % channel_vecs == 0) {
+    load(v);  // c0 < C also for a thread past the end: the loads stay in bounds
+    constexpr int U = 2;
+    for (; v + (U - 1) * step < vecs; v += U * step) {  // all U read before any is written
+      Vec<Out, VEC> o[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) o[u] = compute(coef, reinterpret_cast<const Vec<In, VEC>*>(in)[v + u * step]...);
+#pragma unroll
+      for (int u = 0; u < U; ++u) reinterpret_cast<Vec<Out, VEC>*>(out)[v + u * step] = o[u];
+    }
+    for (; v < vecs; v += step) run(coef, v);
+  } else {
+    for (; v < vecs; v += step) {
+      load(v);
+      run(coef, v);
+    }
+  }
+}
+
+template <typename T, typename F, typename... In>
+void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t stream, const In*... in) {
+  if (n == 0) return;
+  with_channel_vec<T>(c, [&](auto vec) {
+    constexpr int V = vec.value;
+    const int64_t vecs = n / V;
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(grid_for(vecs), one_wave_blocks()));
+    if (n <= static_cast<int64_t>(INT32_MAX)) {
+      channel_map_last_kernel<V, uint32_t><<<grid, kBlock, 0, stream>>>(
+          static_cast<uint32_t>(vecs), static_cast<uint32_t>(c / V), f, out, in...);
+    } else {
+      channel_map_last_kernel<V, int64_t><<<grid, kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
+    }
+    TANDEM_CUDA_CHECK_LAUNCH();
+  }, static_cast<const T*>(out), in...);
+}
+
+}  // namespace tandem::gpu
