@@ -8,6 +8,7 @@
 
 #include "autograd/anomaly.h"
 #include "autograd/grad_mode.h"
+#include "autograd/grad_stream.h"
 #include "kernels/ops.h"
 
 namespace tandem::autograd {
@@ -38,6 +39,7 @@ void accumulate(NodeTask& task, uint32_t input_nr, Tensor&& g) {
   TANDEM_CHECK(slot.shape() == g.shape(), Shape, "backward: gradients for output ", input_nr,
                " of ", node.name(), " disagree in shape: ", shape_str(slot.shape()), " vs ",
                shape_str(g.shape()));
+  join_weight_grad_streams();  // either may have been written there (Note [weight gradients on a second stream])
   slot = kernels::binary(BinaryOp::Add, slot, g);
 }
 
@@ -144,6 +146,7 @@ struct RunningNode {
 // the tensor weakly (the node must not keep an activation alive).
 void run_tensor_hooks(Node& n, TensorList& grads) {
   if (n.tensor_hooks.empty() && n.retained_grads.empty()) return;
+  join_weight_grad_streams();  // a hook reads the gradient (Note [weight gradients on a second stream])
   const std::vector<Node::TensorHook> hooks = n.tensor_hooks;  // a hook may add or remove hooks
   for (const Node::TensorHook& h : hooks) {
     Tensor& g = grads.at(h.output_nr);
@@ -192,6 +195,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   NoGradGuard no_grad;
   CallbackScope callbacks;
   LentGradScope lent;  // after the callbacks: ended before them, also on a throw
+  // After the lent gradients: joined before they are zeroed again on a throw (Note [weight
+  // gradients on a second stream]).
+  WeightGradStreamScope side_streams;
 
   TaskMap tasks;
   std::vector<Node*> root_nodes;
@@ -266,7 +272,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (--next.dependencies == 0) push_ready(e.node.get());
     }
   }
-  lent.finish();  // before the callbacks, which may read the gradients
+  side_streams.join();  // everything after backward reads the gradients on the current stream
+  lent.finish();         // before the callbacks, which may read the gradients
   callbacks.run();
 }
 

@@ -1,7 +1,10 @@
 // Differentiable neural-network ops: matmul, linear, conv2d, pooling, log_softmax,
 // cross_entropy, batch_norm. Each backward calls the matching fused kernel.
+#include <optional>
+
 #include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/grad_stream.h"
 #include "autograd/ops.h"
 
 namespace tandem {
@@ -52,6 +55,17 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
              const Device dev = g[0].device();
              const Tensor dw_to = nw ? autograd::grad_destination(1, {n, k}, dt, dev) : Tensor();
              const Tensor db_to = nb ? autograd::grad_destination(2, {n}, dt, dev) : Tensor();
+             // Beside dx on a second stream when both land in .grad (Note [weight gradients on a
+             // second stream] in autograd/grad_stream.h).
+             if (nx && (nw || nb) && nw == dw_to.defined() && nb == db_to.defined()) {
+               kernels::LinearGrads r;
+               {
+                 const autograd::WeightGradStream side(dev, {g[0], y, x});
+                 r = kernels::linear_backward(g[0], y, x, w, act, k, false, nw, nb, dw_to, db_to);
+               }
+               r.dx = kernels::linear_backward(g[0], y, x, w, act, k, true, false, false).dx;
+               return {r.dx, r.dw, r.db};
+             }
              kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, nx, nw, nb, dw_to, db_to);
              return {r.dx, r.dw, r.db};
            });
@@ -69,14 +83,20 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
            [nx, nw, nb, p, xs = x.shape(), ws = w.shape(), x = nw || nb ? saved(x) : Tensor(),
             w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
              const Tensor& dy = g[0];  // in any layout: the kernels:: op picks the memory format
-             Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
              Tensor gw, gb;
              if (nw || nb) {
                // Note [gradients written in place]
                const Tensor dw_to = nw ? autograd::grad_destination(1, ws, x.dtype(), x.device()) : Tensor();
                const Tensor db_to = nb ? autograd::grad_destination(2, {ws[0]}, x.dtype(), x.device()) : Tensor();
+               // Beside dx on a second stream when both land in .grad (Note [weight gradients on
+               // a second stream] in autograd/grad_stream.h).
+               const bool beside = nx && nw == dw_to.defined() && nb == db_to.defined() &&
+                                   kernels::conv2d_backward_weight_into(x, dy);
+               std::optional<autograd::WeightGradStream> side;
+               if (beside) side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
                std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb, dw_to, db_to);
              }
+             Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
              return {gx, nw ? gw : Tensor(), gb};
            });
   }

@@ -7,6 +7,7 @@
 #include "autograd/anomaly.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/grad_stream.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
 
@@ -71,6 +72,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
                " gradient for a ", dtype_name(t.dtype()), " leaf");
   AutogradMeta& m = meta(t);
   m.grad_zero = false;
+  // A lent .grad may still be being written on a side stream (Note [weight gradients on a
+  // second stream]): wait for it before a hook reads it or anything else is written there.
+  if (m.grad_lent && (!m.hooks.empty() || !g.same(m.grad))) join_weight_grad_streams();
   if (m.grad_lent) {  // Note [gradients written in place]
     m.grad_lent = false;
     if (!g.same(m.grad)) m.grad.copy_(g);

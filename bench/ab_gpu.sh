@@ -5,7 +5,7 @@
 #
 #   bench/ab_gpu.sh --prepare REV       on the machine with the git checkout, before the call
 #   bench/ab_gpu.sh [--model lenet|resnet18] [--epochs N] [--rounds R] [--trace] [--tests TAGS]
-#                   [-- BENCH_TRAIN_FLAGS...]                               on the GPU machine
+#                   [--env NAME=VALUE] [-- BENCH_TRAIN_FLAGS...]           on the GPU machine
 #
 # --prepare writes .ab-base/ (git-ignored: name it in what travels with the tree): every file
 # that differs between REV and the working tree, as it is at REV, and .ab-base/ADDED, the files
@@ -17,6 +17,8 @@
 # --trace adds the kernel timeline of one replayed step of each (bench/kernel_timeline.cpp,
 # bench/timeline_summary.py) and bench/timeline_diff.py's table, kernel by kernel; --tests runs
 # tandem_tests TAGS on the new build first. Logs, the runs' JSON lines and the timelines in $OUT.
+# --env NAME=VALUE compares a switch instead of two revisions: one build of the tree, "base" its
+# runs with NAME=VALUE in the environment (say TANDEM_WGRAD_STREAM=0), "new" without; no --prepare.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE_DIR=.ab-base
@@ -42,7 +44,7 @@ if [ "${1:-}" = --prepare ]; then
   exit 0
 fi
 
-MODEL=resnet18 EPOCHS=4 ROUNDS=2 TRACE=0 TAGS="" FLAGS=()
+MODEL=resnet18 EPOCHS=4 ROUNDS=2 TRACE=0 TAGS="" BASE_ENV="" FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift ;;
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift ;;
     --trace) TRACE=1 ;;
     --tests) TAGS=$2; shift ;;
+    --env) BASE_ENV=$2; shift ;;
     --) shift; FLAGS=("$@"); break ;;
     *) echo "ab_gpu.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -59,7 +62,9 @@ case "$MODEL" in lenet | resnet18) ;; *) echo "ab_gpu.sh: --model $MODEL is not 
 [[ "$EPOCHS" =~ ^[1-9][0-9]*$ && "$ROUNDS" =~ ^[1-9][0-9]*$ ]] ||
   { echo "ab_gpu.sh: --epochs and --rounds take whole numbers from 1, got $EPOCHS and $ROUNDS" >&2; exit 2; }
 [ ${#FLAGS[@]} -eq 0 ] && [ "$MODEL" = resnet18 ] && FLAGS=(--channels-last --precision bf16)
-[ -f "$BASE_DIR/REV" ] || { echo "ab_gpu.sh: no $BASE_DIR here: run bench/ab_gpu.sh --prepare REV first" >&2; exit 2; }
+[ -z "$BASE_ENV" ] || [[ "$BASE_ENV" =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] ||
+  { echo "ab_gpu.sh: --env takes NAME=VALUE, got $BASE_ENV" >&2; exit 2; }
+[ -n "$BASE_ENV" ] || [ -f "$BASE_DIR/REV" ] || { echo "ab_gpu.sh: no $BASE_DIR here: run bench/ab_gpu.sh --prepare REV first" >&2; exit 2; }
 . bench/gpu_env.sh
 
 # The tree as it was at REV, and back. A file of the tree that REV lacks goes aside; one that
@@ -82,17 +87,21 @@ to_tree() {
 }
 trap '[ -d "$SAVED" ] && to_tree' EXIT
 
-echo "== base: $(cut -c1-12 "$BASE_DIR/REV")"
-to_base
 TARGETS=(bench_train)
 [ "$TRACE" = 1 ] && TARGETS+=(tandem_kernel_timeline)
-build_gpu "${TARGETS[@]}" || exit 1
-BASE_BIN=$(mktemp) && cp build-gpu/bench/bench_train "$BASE_BIN" && chmod +x "$BASE_BIN" || exit 1
-to_tree
-echo "== new: the tree"
+if [ -z "$BASE_ENV" ]; then
+  echo "== base: $(cut -c1-12 "$BASE_DIR/REV")"
+  to_base
+  build_gpu "${TARGETS[@]}" || exit 1
+  BASE_BIN=$(mktemp) && cp build-gpu/bench/bench_train "$BASE_BIN" && chmod +x "$BASE_BIN" || exit 1
+  to_tree
+fi
+echo "== new: the tree${BASE_ENV:+ (base: the same build with $BASE_ENV)}"
 [ -n "$TAGS" ] && TARGETS+=(tandem_tests)
 build_gpu "${TARGETS[@]}" || exit 1
 NEW_BIN=./build-gpu/bench/bench_train
+[ -n "$BASE_ENV" ] && BASE_BIN=$(mktemp) && cp "$NEW_BIN" "$BASE_BIN" && chmod +x "$BASE_BIN"
+BASE_ENVS=(); [ -n "$BASE_ENV" ] && BASE_ENVS=("$BASE_ENV")
 
 if [ -n "$TAGS" ]; then
   ./build-gpu/tests/tandem_tests "$TAGS" > "$OUT/ab_tests.log" 2>&1
@@ -110,8 +119,8 @@ R=$OUT/ab.jsonl
 echo "== $MODEL${FLAGS[*]:+ ${FLAGS[*]}}, $EPOCHS epochs, base and new in turn"
 for ((i = 1; i <= ROUNDS; i++)); do
   for v in base new; do
-    bin=$NEW_BIN; [ $v = base ] && bin=$BASE_BIN
-    line=$(run "$bin" "$EPOCHS")
+    bin=$NEW_BIN envs=(); [ $v = base ] && bin=$BASE_BIN envs=("${BASE_ENVS[@]}")
+    line=$(run "$bin" "$EPOCHS" "${envs[@]}")
     [ -n "$line" ] || { echo "$v: no result (the log: $OUT/ab.err)"; tail -3 "$OUT/ab.err"; continue; }
     echo "{\"variant\": \"$v\", ${line#\{}" >> "$R"
     echo "$v $line"
@@ -128,8 +137,8 @@ EOF
 if [ "$TRACE" = 1 ]; then
   LIB=$PWD/build-gpu/bench/libtandem_kernel_timeline.so
   for v in base new; do
-    bin=$NEW_BIN; [ $v = base ] && bin=$BASE_BIN
-    run "$bin" 2 CUDA_INJECTION64_PATH="$LIB" TANDEM_TIMELINE="$OUT/ab_$v.trace.json" > /dev/null
+    bin=$NEW_BIN envs=(); [ $v = base ] && bin=$BASE_BIN envs=("${BASE_ENVS[@]}")
+    run "$bin" 2 "${envs[@]}" CUDA_INJECTION64_PATH="$LIB" TANDEM_TIMELINE="$OUT/ab_$v.trace.json" > /dev/null
     python3 bench/timeline_summary.py "$OUT/ab_$v.trace.json" --label $v --json "$OUT/ab_$v.summary.json" \
       > "$OUT/ab_$v.timeline.txt" 2>&1 && rm -f "$OUT/ab_$v.trace.json"
     head -1 "$OUT/ab_$v.timeline.txt"

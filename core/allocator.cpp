@@ -1,5 +1,6 @@
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -85,6 +86,7 @@ class CaptureMemory {
   }
   Device device;
   cudaStream_t stream;
+  std::vector<cudaStream_t> joined;  // streams forked from the captured one (capture_memory_join)
   bool capturing = true;
   std::unordered_map<void*, size_t> graph_blocks;  // allocated during the capture, still held
   std::vector<std::pair<void*, size_t>> retained;  // allocated before, released during it
@@ -94,7 +96,7 @@ namespace {
 
 CaptureMemory* record_of(cudaStream_t stream) {  // under g_capture_mu
   for (CaptureMemory* r : g_capturing) {
-    if (r->stream == stream) return r;
+    if (r->stream == stream || std::find(r->joined.begin(), r->joined.end(), stream) != r->joined.end()) return r;
   }
   return nullptr;
 }
@@ -184,6 +186,20 @@ std::shared_ptr<CaptureMemory> capture_memory_begin(Device d, void* stream) {
   return record;
 #else
   TANDEM_THROW(Device, "graph capture needs a CUDA build (", d.str(), ")");
+#endif
+}
+
+void capture_memory_join(Device d, void* stream, void* joined) {
+#ifdef TANDEM_WITH_CUDA
+  const auto s = static_cast<cudaStream_t>(stream), j = static_cast<cudaStream_t>(joined);
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  CaptureMemory* r = record_of(s);
+  if (r == nullptr || record_of(j) != nullptr) return;
+  TANDEM_CHECK(r->device == d, Device, "graph capture: a stream of ", d.str(), " joined a capture on ",
+               r->device.str());
+  r->joined.push_back(j);
+#else
+  (void)d, (void)stream, (void)joined;
 #endif
 }
 

@@ -45,6 +45,11 @@ void reset_max_allocated_bytes(Device d);
 class CaptureMemory;
 // Starts the record for `stream` (a cudaStream_t) of device d. One record per stream.
 std::shared_ptr<CaptureMemory> capture_memory_begin(Device d, void* stream);
+// `joined` (a cudaStream_t of the same device) takes part in the capture of `stream` -- it
+// waited for an event recorded there, as a fork of the captured work does -- so its
+// allocations and frees are the record's as well, until the capture ends. Nothing when
+// `stream` is not being captured.
+void capture_memory_join(Device d, void* stream, void* joined);
 // Ends the record's capture: later frees of the stream are ordinary again. Returns the bytes
 // allocated during the capture that live tensors still hold.
 size_t capture_memory_end(CaptureMemory& record);

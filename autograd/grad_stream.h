@@ -1,0 +1,99 @@
+#pragma once
+// Weight gradients on a second stream: see the Note below.
+#include <initializer_list>
+#include <vector>
+
+#include "core/device.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace tandem::autograd {
+
+// Note [weight gradients on a second stream]
+// A layer's backward computes two kinds of gradient from the same dy: the input gradient dx,
+// which the next node of the backward needs, and the weight gradient dW, which nothing needs
+// until the optimizer. On one stream they run one after the other, so every dW sits on the
+// backward's critical path. A small model leaves most of the GPU idle during each of these
+// kernels (LeNet's layers launch a few dozen blocks on a GPU with 132 multiprocessors), so the
+// dW kernels cost their whole duration for nothing.
+//
+// So a backward function that writes its weight gradients straight into the leaves' .grad
+// (Note [gradients written in place]) may compute them on a second stream of the device -- the
+// side stream, one per thread and device -- while the main stream goes on with dx:
+//
+//     main:  ... dy ready ──fork──► dx ──► next layer's dx ──► ...            ──join──► optimizer
+//     side:              └───────► dW, db ──► the next layer's dW, db ──► ... ──┘
+//
+// - fork: an event recorded on the current stream after dy and the layer's inputs were made;
+//   the side stream waits for it, the dW kernels are enqueued there. No host synchronization.
+// - keep: the side kernels read tensors (dy, the saved input) that the main stream would free
+//   when the node releases them -- in stream order on *its* stream, while the side stream may
+//   still read them. The scope keeps them alive until the join.
+// - join: the current stream waits for the side stream's last event before anything on it
+//   reads a gradient the side stream wrote: before a leaf's hooks run (a DistributedDataParallel
+//   bucket), before the engine adds a second gradient into a lent one, before tensor hooks on a
+//   leaf, and at the end of every backward pass (also when a node throws) -- so after
+//   backward() returns, everything is ordered on the current stream as before. The kept
+//   tensors are dropped after the join, when freeing them on the main stream is safe.
+// - A CUDA graph captures the fork and the join as edges between two branches of the graph
+//   (the side stream joins the capture through the fork's event), and the side stream's
+//   allocations count as the capture's (capture_memory_join in core/allocator.h).
+//
+// Only gradients that go nowhere but into .grad are forked: a function forks when every weight
+// and bias gradient it computes was lent (grad_destination), and only when it also computes
+// dx (otherwise there is nothing to run beside them). The values are the same bits: the same
+// kernels run, only on another stream. The side stream runs its kernels one after another, so
+// two layers' weight gradients never overlap each other, only the main stream's work.
+//
+// On by default on CUDA devices; TANDEM_WGRAD_STREAM=0 or set_weight_grad_stream(false) turns
+// it off (every kernel on the current stream, as before). CPU devices never fork.
+bool weight_grad_stream();
+void set_weight_grad_stream(bool on);
+
+// How many times this process forked (for tests and benchmarks: that the path was taken).
+int64_t weight_grad_stream_forks();
+
+// Run by a backward function around the kernels of its weight gradients: while it lives the
+// current stream of `device` is the side stream (when a fork is allowed: a backward pass runs
+// on this thread, `device` is a CUDA device, the switch is on), and `keep` stays alive until
+// the join. Otherwise it does nothing and the kernels run on the current stream.
+class WeightGradStream {
+ public:
+  WeightGradStream(Device device, std::initializer_list<Tensor> keep);
+  ~WeightGradStream();
+  WeightGradStream(const WeightGradStream&) = delete;
+  WeightGradStream& operator=(const WeightGradStream&) = delete;
+  bool forked() const { return forked_; }
+
+ private:
+  Device device_{};
+  Stream prev_{};
+  bool forked_ = false;
+};
+
+// The current streams wait for everything this thread's backward pass put on side streams,
+// and the tensors kept for it are dropped. A no-op when nothing is pending.
+void join_weight_grad_streams();
+
+// The engine's part: one per run_backward, installed for this thread (the outer one is
+// restored: a hook may run a nested backward). Its destructor joins, also when a node threw.
+class WeightGradStreamScope {
+ public:
+  WeightGradStreamScope();
+  ~WeightGradStreamScope();
+  WeightGradStreamScope(const WeightGradStreamScope&) = delete;
+  WeightGradStreamScope& operator=(const WeightGradStreamScope&) = delete;
+  void join();
+  bool pending() const { return !devices_.empty(); }
+
+ private:
+  friend class WeightGradStream;
+  struct Pending {
+    Device device;
+    std::vector<Tensor> keep;
+  };
+  std::vector<Pending> devices_;
+  WeightGradStreamScope* prev_;
+};
+
+}  // namespace tandem::autograd
