@@ -28,8 +28,7 @@ std::atomic<int64_t> g_forks{0};
 // stream, waited for by the side stream) and the end of the side stream's last work (waited
 // for by the join). An event may be recorded again once its waits are enqueued, so two are
 // enough. Kept for the life of the process, as streams are: destroying them at exit would
-// race with the runtime's own teardown. Low priority: its kernels take the multiprocessors the
-// main stream's leave idle (Note [stream priorities] in core/stream.h).
+// race with the runtime's own teardown.
 struct Side {
   Stream stream;
   Event fork;
@@ -40,7 +39,7 @@ Side& side_of(Device d) {
   thread_local std::vector<Side*>* sides = new std::vector<Side*>();
   if (static_cast<int>(sides->size()) <= d.index) sides->resize(d.index + 1, nullptr);
   Side*& s = (*sides)[d.index];
-  if (s == nullptr) s = new Side{Stream::create(d, StreamPriority::Low), Event(), Event()};
+  if (s == nullptr) s = new Side{Stream::create(d), Event(), Event()};
   return *s;
 }
 

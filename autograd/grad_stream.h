@@ -43,10 +43,7 @@ namespace tandem::autograd {
 // and bias gradient it computes was lent (grad_destination), and only when it also computes
 // dx (otherwise there is nothing to run beside them). The values are the same bits: the same
 // kernels run, only on another stream. The side stream runs its kernels one after another, so
-// two layers' weight gradients never overlap each other, only the main stream's work. It has
-// Low priority (Note [stream priorities] in core/stream.h): where both streams' kernels wait
-// for multiprocessors the main stream's go first, so the chain of input gradients -- the
-// critical path -- is slowed as little as possible by what runs beside it.
+// two layers' weight gradients never overlap each other, only the main stream's work.
 //
 // On by default on CUDA devices; TANDEM_WGRAD_STREAM=0 or set_weight_grad_stream(false) turns
 // it off (every kernel on the current stream, as before). CPU devices never fork.

@@ -133,9 +133,7 @@ void CUDAGraph::capture_end() {
   }
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
   cudaGraphExec_t exec = nullptr;
-  // Each kernel with the priority of the stream it was captured on (Note [stream priorities]
-  // in core/stream.h), not the launch stream's for all.
-  err = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
+  err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
   cudaGraphDestroy(graph);  // the executable graph keeps what it needs
   if (err != cudaSuccess) {
     memory_.reset();

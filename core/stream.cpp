@@ -19,32 +19,14 @@ namespace {
 std::mutex g_stream_mu;
 std::vector<cudaStream_t> g_default_streams;
 
-// Note [stream priorities] (stream.h): CUDA numbers them from `least` (0) down to `greatest`
-// (-5 on H100 and H200); lower is more urgent. Normal is one step above the least, so that Low
-// has somewhere to be below it.
-int cuda_priority(StreamPriority p) {
-  int least = 0, greatest = 0;
-  TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  switch (p) {
-    case StreamPriority::Low: return least;
-    case StreamPriority::Normal: return greatest < least ? least - 1 : least;
-    case StreamPriority::High: return greatest;
-  }
-  return least;
-}
-
-cudaStream_t create_cuda_stream(StreamPriority p) {
-  cudaStream_t s;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, cuda_priority(p)));
-  return s;
-}
-
 cudaStream_t default_cuda_stream(int index) {
   std::lock_guard<std::mutex> lock(g_stream_mu);
   if (static_cast<int>(g_default_streams.size()) <= index) g_default_streams.resize(index + 1, nullptr);
   if (!g_default_streams[index]) {
     DeviceGuard g(Device::cuda(index));
-    g_default_streams[index] = create_cuda_stream(StreamPriority::Normal);
+    cudaStream_t s;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    g_default_streams[index] = s;
   }
   return g_default_streams[index];
 }
@@ -66,15 +48,19 @@ Stream Stream::default_stream(Device d) {
   return Stream(d, nullptr);
 }
 
-Stream Stream::create(Device d, StreamPriority priority) {
+Stream Stream::create(Device d, bool high_priority) {
 #ifdef TANDEM_WITH_CUDA
   if (d.is_cuda()) {
     check_device_exists(d);
     DeviceGuard g(d);
-    return Stream(d, create_cuda_stream(priority));
+    int lo = 0, hi = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? hi : lo));
+    return Stream(d, s);
   }
 #endif
-  (void)priority;
+  (void)high_priority;
   return Stream(d, nullptr);
 }
 

@@ -16,27 +16,15 @@
 
 namespace tandem {
 
-// Note [stream priorities]: when two streams' kernels wait for multiprocessors, the GPU hands
-// them to the higher priority's blocks first (blocks already running are never preempted). The
-// default streams and the streams made without a priority are Normal; High is for work that
-// should overtake the computation (a collective's stream, on request); Low for work that should
-// only fill what the computation leaves idle (the weight-gradient stream, Note [weight gradients
-// on a second stream] in autograd/grad_stream.h). A CUDA graph keeps each kernel's priority
-// from the stream it was captured on. On a GPU without priorities all three are the same.
-enum class StreamPriority { Low, Normal, High };
-
 class Stream {
  public:
   Stream() = default;
   Stream(Device device, void* handle) : device_(device), handle_(handle) {}
 
-  // The default stream of a device (created on first use for CUDA), of Normal priority.
+  // The default stream of a device (created on first use for CUDA).
   static Stream default_stream(Device d);
-  // A new stream on d, owned by tandem for the life of the process.
-  static Stream create(Device d, StreamPriority priority = StreamPriority::Normal);
-  static Stream create(Device d, bool high_priority) {
-    return create(d, high_priority ? StreamPriority::High : StreamPriority::Normal);
-  }
+  // A new stream on d, owned by tandem for the life of the process (pooled).
+  static Stream create(Device d, bool high_priority = false);
 
   Device device() const { return device_; }
   void* handle() const { return handle_; }  // cudaStream_t; nullptr on CPU

@@ -9,9 +9,6 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "helpers.h"
-#ifdef TANDEM_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 using namespace tandem;
 using tandem::test::contains;
@@ -82,30 +79,6 @@ TEST_CASE("CUDA default streams are per device, non-blocking, and not stream 0",
   CHECK(Stream::create(d, true) != other);
   CHECK_THROWS_AS(Stream::default_stream(Device::cuda(cuda_device_count())), DeviceError);
 }
-
-#ifdef TANDEM_WITH_CUDA
-TEST_CASE("CUDA stream priorities: Low below the default streams' Normal, High above", "[core][cuda]") {
-  TANDEM_REQUIRE_CUDA();
-  const Device d = Device::cuda(0);
-  const auto priority = [](const Stream& s) {
-    int p = 0;
-    REQUIRE(cudaStreamGetPriority(static_cast<cudaStream_t>(s.handle()), &p) == cudaSuccess);
-    return p;
-  };
-  int least = 0, greatest = 0;
-  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
-  const int low = priority(Stream::create(d, StreamPriority::Low));
-  const int normal = priority(Stream::create(d));
-  const int high = priority(Stream::create(d, /*high_priority=*/true));
-  CHECK(priority(Stream::default_stream(d)) == normal);
-  CHECK(low == least);
-  CHECK(high == greatest);
-  if (greatest < least) {  // CUDA: lower numbers are more urgent
-    CHECK(normal == least - 1);
-    CHECK(high < normal);
-  }
-}
-#endif
 
 TEST_CASE("CUDA current streams are thread-local and restored by StreamGuard", "[core][cuda]") {
   TANDEM_REQUIRE_CUDA();
