@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <exception>
 
-#include "core/allocator.h"
 #include "core/cuda_graph.h"
 
 namespace tandem::autograd {
@@ -56,9 +55,7 @@ WeightGradStream::WeightGradStream(Device device, std::initializer_list<Tensor> 
   Side& side = side_of(device);
   const Stream main = current_stream(device);
   if (main == side.stream) return;  // already on it
-  side.fork.record(main);
-  side.fork.wait(side.stream);
-  if (is_current_stream_capturing(device)) capture_memory_join(device, main.handle(), side.stream.handle());
+  fork_stream(main, side.stream, side.fork);
   WeightGradStreamScope::Pending* pending = nullptr;
   for (auto& p : t_scope->devices_) {
     if (p.device == device) pending = &p;

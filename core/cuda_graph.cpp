@@ -134,14 +134,62 @@ void CUDAGraph::capture_end() {
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
   cudaGraphExec_t exec = nullptr;
   err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
-  cudaGraphDestroy(graph);  // the executable graph keeps what it needs
   if (err != cudaSuccess) {
+    cudaGraphDestroy(graph);
     memory_.reset();
     TANDEM_THROW(Cuda, "CUDAGraph: cudaGraphInstantiate on ", device_.str(), " failed: ",
                  cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
   }
   exec_ = exec;
+  graph_ = graph;  // kept: bind_copies names its nodes
   TANDEM_CUDA_CHECK(cudaGraphUpload(exec, stream));
+}
+
+bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>& dsts) {
+  copies_.clear();
+  if (graph_ == nullptr) return false;
+  auto graph = static_cast<cudaGraph_t>(graph_);
+  size_t n = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (const auto& [dst, bytes] : dsts) {
+    void* found = nullptr;
+    int matches = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeMemcpy) continue;
+      cudaMemcpy3DParms p{};
+      TANDEM_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(node, &p));
+      const bool one_row = p.extent.height == 1 && p.extent.depth == 1 && p.dstPos.x == 0 && p.dstPos.y == 0 &&
+                           p.dstPos.z == 0 && p.srcPos.x == 0 && p.srcPos.y == 0 && p.srcPos.z == 0;
+      if (one_row && p.dstPtr.ptr == dst && p.extent.width == bytes) {
+        found = node;
+        ++matches;
+      }
+    }
+    if (matches != 1) {
+      copies_.clear();
+      return false;
+    }
+    copies_.push_back({found, dst, bytes});
+  }
+  return true;
+}
+
+void CUDAGraph::replay_from(const std::vector<const void*>& sources) {
+  TANDEM_CHECK(exec_ != nullptr, Value, "CUDAGraph: replay before a successful capture");
+  TANDEM_CHECK(sources.size() == copies_.size(), Value, "CUDAGraph: ", sources.size(), " sources for ",
+               copies_.size(), " bound copies");
+  DeviceGuard guard(device_);
+  auto exec = static_cast<cudaGraphExec_t>(exec_);
+  for (size_t i = 0; i < copies_.size(); ++i) {
+    const BoundCopy& c = copies_[i];
+    TANDEM_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(c.node), c.dst,
+                                                         sources[i], c.bytes, cudaMemcpyDeviceToDevice));
+  }
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream_)));
 }
 
 void CUDAGraph::capture_abort() noexcept {
@@ -171,6 +219,11 @@ void CUDAGraph::reset() noexcept {
     TANDEM_CUDA_CHECK_LOG(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
     exec_ = nullptr;
   }
+  if (graph_ != nullptr) {
+    TANDEM_CUDA_CHECK_LOG(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
+    graph_ = nullptr;
+  }
+  copies_.clear();
   memory_.reset();  // frees, in stream order, the blocks the graph kept alive
   num_nodes_ = 0;
 }
@@ -182,6 +235,15 @@ bool is_current_stream_capturing(Device device) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+void fork_stream(const Stream& main, const Stream& side, Event& fork) {
+  if (!main.device().is_cuda()) return;
+  fork.record(main);
+  fork.wait(side);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(main.handle()), &status));
+  if (status != cudaStreamCaptureStatusNone) capture_memory_join(main.device(), main.handle(), side.handle());
+}
+
 #else  // no CUDA: nothing can be captured
 
 void CUDAGraph::capture_begin(Device device) {
@@ -191,7 +253,12 @@ void CUDAGraph::capture_end() { TANDEM_THROW(Value, "CUDAGraph: capture_end with
 void CUDAGraph::capture_abort() noexcept {}
 void CUDAGraph::replay() const { TANDEM_THROW(Value, "CUDAGraph: replay before a successful capture"); }
 void CUDAGraph::reset() noexcept {}
+bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>&) { return false; }
+void CUDAGraph::replay_from(const std::vector<const void*>&) {
+  TANDEM_THROW(Value, "CUDAGraph: replay before a successful capture");
+}
 bool is_current_stream_capturing(Device) { return false; }
+void fork_stream(const Stream&, const Stream&, Event&) {}
 
 #endif
 
@@ -259,9 +326,7 @@ void StepGraph::operator()(const std::vector<Tensor>& inputs, const std::vector<
   const bool shaped = static_inputs_.empty() || matches(inputs);
   if (shaped && graph_->captured() && !same_fixed(fixed)) graph_->reset();  // warmed up: capture again
   if (shaped && graph_->captured()) {
-    for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
-    graph_->replay();
-    ++replays_;
+    replay(inputs);
     return;
   }
   if (shaped && warmup_left_ == 0) return capture(inputs, fixed);
@@ -269,11 +334,37 @@ void StepGraph::operator()(const std::vector<Tensor>& inputs, const std::vector<
   run_eagerly(inputs, fixed);
 }
 
+void StepGraph::replay(const std::vector<Tensor>& inputs) {
+  if (copies_inside_) {  // Note [input copies inside the graph]
+    std::vector<Tensor> packed;  // alive until the launch is enqueued; freed after it in stream order
+    std::vector<const void*> sources;
+    for (const Tensor& t : inputs) {
+      packed.push_back(t.contiguous());
+      sources.push_back(packed.back().raw_data());
+    }
+    graph_->replay_from(sources);
+  } else {
+    for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+    graph_->replay();
+  }
+  ++replays_;
+}
+
 void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed) {
   if (static_inputs_.empty()) {
     for (const Tensor& t : inputs) static_inputs_.push_back(empty(t.shape(), t.dtype(), t.device()));
   }
-  for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+  // The copies into the inputs inside the graph where they are plain copies of bytes (Note
+  // [input copies inside the graph]); else before every replay, as here before the capture.
+  bool inside = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inside = inside && graph_->copies_inside(inputs[i].device()) && inputs[i].is_contiguous() &&
+             static_inputs_[i].nbytes() > 0;
+  }
+  copies_inside_ = false;
+  if (!inside) {
+    for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+  }
   // Note [a refused capture's memory] (cuda_graph.h): any refusal turns the graph off for good.
   // Capturing again would be worse than useless: state the step made lazily during this
   // capture exists now, so the next capture would keep nothing new, be accepted, and replay
@@ -290,6 +381,9 @@ void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Ten
   };
   graph_->capture_begin(inputs[0].device());
   try {
+    if (inside) {
+      for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
+    }
     step_(joined(static_inputs_, fixed));
   } catch (const std::exception& e) {
     graph_->capture_abort();
@@ -298,14 +392,21 @@ void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Ten
   }
   try {
     graph_->capture_end();
+    if (inside) {
+      std::vector<std::pair<void*, size_t>> dsts;
+      for (const Tensor& t : static_inputs_) dsts.emplace_back(t.raw_data(), t.nbytes());
+      // A captured copy not found would copy the capture's source at every replay: never kept.
+      TANDEM_CHECK(graph_->bind_copies(dsts), Error, "StepGraph: the copies into the step's inputs are not "
+                   "single copy nodes of the graph");
+    }
   } catch (const std::exception& e) {  // a failed capture (CudaError) or a refused one (Error)
     refuse(e);
     return;
   }
   fixed_ = fixed;
+  copies_inside_ = inside;
   ++captures_;
-  graph_->replay();  // capturing ran nothing: this replay is the batch's step
-  ++replays_;
+  replay(inputs);  // capturing ran nothing: this replay is the batch's step
 }
 
 }  // namespace tandem

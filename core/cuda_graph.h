@@ -46,7 +46,8 @@
 // existed (unbacked_bytes()), and StepGraph throws an Error rather than run a step on it.
 //
 // Note [fixed tensors of a step]: the inputs of a step are copied into the graph's buffers
-// before each replay; tensors that the step reads or writes in place -- the dataset it
+// before each replay (on a GPU by the graph's own first nodes: Note [input copies inside the
+// graph]); tensors that the step reads or writes in place -- the dataset it
 // gathers its batch from, the sums it adds its loss to -- are passed as `fixed` instead:
 // never copied, handed to the step after the inputs, and kept alive by the graph (its
 // kernels hold their addresses). A graph replays only with the very tensors it was captured
@@ -57,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream.h"
 #include "core/tensor.h"
 
 namespace tandem {
@@ -89,6 +91,22 @@ class CUDAGraph {
   virtual void capture_abort() noexcept;
   // Launches the graph on the stream it was captured on. ValueError when nothing is captured.
   virtual void replay() const;
+
+  // Note [input copies inside the graph]: a step's inputs are copied into the graph's buffers
+  // before every replay. Copied by a separate operation, each is one more launch between two
+  // replays (LeNet: a 2 KB copy of the batch's rows, ~1.3 us plus a gap, every step); captured
+  // as the graph's first nodes, the copy is a node like the others, and only where it reads
+  // from changes: before each replay the executable graph's copy node is pointed at the new
+  // source (cudaGraphExecMemcpyNodeSetParams1D: host work, no launch).
+  //
+  // Whether copies into the inputs can be captured on `device` (CUDA devices).
+  virtual bool copies_inside(Device device) const { return device.is_cuda(); }
+  // After capture_end: finds the captured copy of `bytes` bytes into each address of `dsts`,
+  // one copy node each. True when all were found; then replay_from() launches with them.
+  virtual bool bind_copies(const std::vector<std::pair<void*, size_t>>& dsts);
+  // Points the bound copies at `sources` (device addresses of the bytes each copies, in the
+  // order of bind_copies) and launches the graph. ValueError when the counts differ.
+  virtual void replay_from(const std::vector<const void*>& sources);
   // Drops the graph (and the memory it kept alive).
   virtual void reset() noexcept;
 
@@ -105,6 +123,13 @@ class CUDAGraph {
   Device device_{};
   void* stream_ = nullptr;  // cudaStream_t
   void* exec_ = nullptr;    // cudaGraphExec_t
+  void* graph_ = nullptr;   // cudaGraph_t it was made from (bound copies name its nodes)
+  struct BoundCopy {
+    void* node;  // cudaGraphNode_t
+    void* dst;
+    size_t bytes;
+  };
+  std::vector<BoundCopy> copies_;
   bool capturing_ = false;
   size_t num_nodes_ = 0;
   size_t unbacked_bytes_ = 0;
@@ -113,6 +138,14 @@ class CUDAGraph {
 
 // True while the current stream of `device` is being captured by this thread.
 bool is_current_stream_capturing(Device device);
+
+// A fork of `main` (Note [weight gradients on a second stream] in autograd/grad_stream.h uses
+// one): `side` waits for everything enqueued on main so far (`fork`, recorded on main), and
+// when main is being captured into a graph, side's work joins that capture, its allocations
+// the capture's (capture_memory_join in core/allocator.h). Join back before the capture ends
+// (and before main reads what side writes): an event recorded on side that main waits for.
+// Nothing to do on CPU streams.
+void fork_stream(const Stream& main, const Stream& side, Event& fork);
 
 class StepGraph {
  public:
@@ -149,11 +182,14 @@ class StepGraph {
   int64_t replays() const { return replays_; }
   int64_t eager_steps() const { return eager_; }
   size_t num_nodes() const { return graph_->num_nodes(); }
+  // Whether the captured graph copies the inputs itself (Note [input copies inside the graph]).
+  bool copies_inside() const { return copies_inside_ && replaying(); }
 
  private:
   bool matches(const std::vector<Tensor>& inputs) const;
   bool same_fixed(const std::vector<Tensor>& fixed) const;
   void capture(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed);
+  void replay(const std::vector<Tensor>& inputs);
   void run_eagerly(const std::vector<Tensor>& inputs, const std::vector<Tensor>& fixed);
 
   StepFn step_;
@@ -164,6 +200,7 @@ class StepGraph {
   std::unique_ptr<CUDAGraph> graph_;
   std::vector<Tensor> static_inputs_;
   std::vector<Tensor> fixed_;  // the fixed tensors of the capture
+  bool copies_inside_ = false;  // Note [input copies inside the graph]
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;
 };
 

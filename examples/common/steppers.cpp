@@ -92,6 +92,7 @@ class SingleDeviceStepper final : public Stepper {
         graph_([this](const std::vector<Tensor>& in) { train_step(in[0], {in[1], in[2]}, in[3], in[4]); },
                {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph}) {
     const Device d = cfg.devices.front();
+    metrics_stream_ = d.is_cuda() ? Stream::create(d) : current_stream(d);
     model_->to(d);
     model_->train();
     parallel::try_coalesce(model_->parameters());
@@ -130,16 +131,28 @@ class SingleDeviceStepper final : public Stepper {
     AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
     Tensor logits = (*model_)(b.x);
     Tensor loss = cross_entropy(logits, b.y);
+    // The epoch's sums need only the forward: on a GPU they run beside the backward, on a
+    // stream forked here and joined after the optimizer (the tensors they read live till then).
+    const Stream main = current_stream(logits.device());
+    fork_stream(main, metrics_stream_, metrics_fork_);
+    {
+      const StreamGuard beside(metrics_stream_);
+      kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
+      kernels::count_correct(logits.detach(), b.y, correct);
+      metrics_done_.record(metrics_stream_);
+    }
     loss.backward();
     opt_->step();
-    kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
-    kernels::count_correct(logits.detach(), b.y, correct);
+    metrics_done_.wait(main);
   }
 
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
   std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
+  // Where the epoch's sums are added on a GPU (the current stream on a CPU).
+  Stream metrics_stream_;
+  Event metrics_fork_, metrics_done_;
   StepGraph graph_;
 };
 

@@ -360,6 +360,33 @@ TEST_CASE("StepGraph replays with the fixed tensors it was captured with and cap
   CHECK(values(sum2) == std::vector<double>{3600, 3800, 4000, 4200});
 }
 
+TEST_CASE("StepGraph copies its inputs inside the graph, from wherever each step's input lies", "[core][cuda][cuda_graph]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  // The inputs are slices of one epoch-long tensor, as a data loader's batches are; then a
+  // strided view and a tensor freed as soon as the step is enqueued.
+  const Tensor order = arange(0, 64, 1, kFloat32).to(gpu);
+  const Tensor out = zeros({4}, kFloat32, gpu);
+  StepGraph graph([](const std::vector<Tensor>& in) { kernels::axpby_(2.0, in[0], 0.0, in[1]); },
+                  {/*warmup_steps=*/1, /*enabled=*/true});
+  std::vector<double> seen;
+  for (int64_t b = 0; b < 6; ++b) {
+    graph({order.slice(0, 4 * b, 4 * b + 4)}, {out});
+    for (double v : values(out)) seen.push_back(v);
+  }
+  CHECK(graph.captures() == 1);
+  CHECK(graph.copies_inside());
+  std::vector<double> expected;
+  for (int64_t i = 0; i < 24; ++i) expected.push_back(2.0 * static_cast<double>(i));
+  CHECK(seen == expected);
+  graph({order.slice(0, 40, 48).reshape({4, 2}).select(1, 0)}, {out});  // strided: packed, then copied
+  CHECK(values(out) == std::vector<double>{80, 84, 88, 92});
+  graph({from_vector<float>({5, 6, 7, 8}, {4}).to(gpu)}, {out});
+  CHECK(values(out) == std::vector<double>{10, 12, 14, 16});
+  CHECK(graph.replays() == 7);
+  CHECK(graph.captures() == 1);
+}
+
 TEST_CASE("StepGraph runs CPU steps eagerly and CUDAGraph needs a CUDA device", "[core][cuda_graph]") {
   int calls = 0;
   StepGraph graph([&](const std::vector<Tensor>& in) {
