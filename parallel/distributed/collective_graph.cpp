@@ -43,12 +43,26 @@ void CollectiveGraph::capture_abort() noexcept {
   fresh_ = false;
 }
 
-void CollectiveGraph::replay() const {
+void CollectiveGraph::check_groups() const {
   for (const auto& g : groups_) g->check_healthy();  // a failed group replays nothing
-  graph_->replay();
+}
+
+void CollectiveGraph::launched() const {
   const bool numbered = fresh_;
   fresh_ = false;
   for (size_t i = 0; i < groups_.size(); ++i) groups_[i]->graph_launched(counts_[i], numbered);
+}
+
+void CollectiveGraph::replay() const {
+  check_groups();
+  graph_->replay();
+  launched();
+}
+
+void CollectiveGraph::replay_from(const std::vector<const void*>& sources) {
+  check_groups();
+  graph_->replay_from(sources);
+  launched();
 }
 
 void CollectiveGraph::reset() noexcept {

@@ -52,6 +52,11 @@ class CollectiveGraph final : public CUDAGraph {
   void capture_abort() noexcept override;
   // Checks every group, launches, then tells every group (Note [collectives in a CUDA graph]).
   void replay() const override;
+  // The same, with the step's inputs copied inside the graph (Note [input copies inside the
+  // graph] in core/cuda_graph.h): the wrapped capture finds and points its copies.
+  bool copies_inside(Device device) const override { return graph_->copies_inside(device); }
+  bool bind_copies(const std::vector<std::pair<void*, size_t>>& dsts) override { return graph_->bind_copies(dsts); }
+  void replay_from(const std::vector<const void*>& sources) override;
   void reset() noexcept override;
   bool captured() const override { return graph_->captured(); }
   size_t num_nodes() const override { return graph_->num_nodes(); }
@@ -66,6 +71,8 @@ class CollectiveGraph final : public CUDAGraph {
   std::vector<uint64_t> begin_seq_;  // each group's sequence number when the capture began
   std::vector<uint64_t> counts_;
   mutable bool fresh_ = false;  // captured, not launched yet: the capture numbered its collectives
+  void check_groups() const;
+  void launched() const;
 };
 
 }  // namespace tandem::parallel::distributed
