@@ -141,7 +141,10 @@ class SingleDeviceStepper final : public Stepper {
       kernels::count_correct(logits.detach(), b.y, correct);
       metrics_done_.record(metrics_stream_);
     }
-    loss.backward();
+    // The backward's seed, d loss / d loss = 1, made once rather than filled every step.
+    if (!seed_.defined() || seed_.dtype() != loss.dtype() || seed_.device() != loss.device())
+      seed_ = ones({}, loss.dtype(), loss.device());
+    loss.backward(seed_);
     opt_->step();
     metrics_done_.wait(main);
   }
@@ -153,6 +156,7 @@ class SingleDeviceStepper final : public Stepper {
   // Where the epoch's sums are added on a GPU (the current stream on a CPU).
   Stream metrics_stream_;
   Event metrics_fork_, metrics_done_;
+  Tensor seed_;
   StepGraph graph_;
 };
 
