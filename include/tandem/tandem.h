@@ -22,11 +22,12 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 
-// autograd: differentiable ops, grad mode, autocast, the engine, gradcheck
+// autograd: differentiable ops, grad mode, autocast, the engine, the weight-gradient stream, gradcheck
 #include "autograd/anomaly.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/grad_stream.h"
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 
