@@ -92,7 +92,7 @@ class SingleDeviceStepper final : public Stepper {
         graph_([this](const std::vector<Tensor>& in) { train_step(in[0], {in[1], in[2]}, in[3], in[4]); },
                {/*warmup_steps=*/2, /*enabled=*/cfg.cuda_graph}) {
     const Device d = cfg.devices.front();
-    metrics_stream_ = d.is_cuda() ? Stream::create(d) : current_stream(d);
+    side_stream_ = d.is_cuda() ? Stream::create(d) : current_stream(d);
     model_->to(d);
     model_->train();
     parallel::try_coalesce(model_->parameters());
@@ -125,37 +125,58 @@ class SingleDeviceStepper final : public Stepper {
   // One step on the rows `index` of (images, labels), graph-safe: see Note [the one-device step].
   void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum,
                   const Tensor& correct) {
-    const data::Batch b = data.get(index);
-    grads_.zero_();
+    const Stream main = current_stream(index.device());
+    // Beside the forward, on the step's side stream: the labels' gather and the zeroing of the
+    // gradients, which the step needs only at the loss and the backward. The labels' tensor is
+    // made here, on the main stream, which frees it after everything that reads it.
+    data::Batch b;
+    const bool beside = index.size(0) > 0;
+    if (beside) {
+      Shape ys = data.labels().shape();
+      ys[0] = index.size(0);
+      b.y = empty(ys, data.labels().dtype(), data.device());
+      fork_stream(main, side_stream_, side_fork_);
+      {
+        const StreamGuard on_side(side_stream_);
+        b.y.copy_(kernels::index_select(data.labels(), index));
+        grads_.zero_();
+        ready_.record(side_stream_);
+      }
+      b.x = kernels::index_select(data.images(), index);
+    } else {
+      b = data.get(index);
+      grads_.zero_();
+    }
     if (autocast_weights_) autocast_weights_->refresh();
     AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
     Tensor logits = (*model_)(b.x);
+    if (beside) ready_.wait(main);
     Tensor loss = cross_entropy(logits, b.y);
-    // The epoch's sums need only the forward: on a GPU they run beside the backward, on a
-    // stream forked here and joined after the optimizer (the tensors they read live till then).
-    const Stream main = current_stream(logits.device());
-    fork_stream(main, metrics_stream_, metrics_fork_);
+    // The epoch's sums need only the forward: they run beside the backward, on the side stream
+    // forked again here and joined after the optimizer (the tensors they read live till then).
+    fork_stream(main, side_stream_, side_fork_);
     {
-      const StreamGuard beside(metrics_stream_);
+      const StreamGuard on_side(side_stream_);
       kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
       kernels::count_correct(logits.detach(), b.y, correct);
-      metrics_done_.record(metrics_stream_);
+      sums_done_.record(side_stream_);
     }
     // The backward's seed, d loss / d loss = 1, made once rather than filled every step.
     if (!seed_.defined() || seed_.dtype() != loss.dtype() || seed_.device() != loss.device())
       seed_ = ones({}, loss.dtype(), loss.device());
     loss.backward(seed_);
     opt_->step();
-    metrics_done_.wait(main);
+    sums_done_.wait(main);
   }
 
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
   std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
-  // Where the epoch's sums are added on a GPU (the current stream on a CPU).
-  Stream metrics_stream_;
-  Event metrics_fork_, metrics_done_;
+  // The step's side stream on a GPU (the current stream on a CPU): the labels' gather and the
+  // gradients' zeroing beside the forward, the epoch's sums beside the backward.
+  Stream side_stream_;
+  Event side_fork_, ready_, sums_done_;
   Tensor seed_;
   StepGraph graph_;
 };
