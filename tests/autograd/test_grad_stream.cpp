@@ -180,7 +180,7 @@ TEST_CASE("a step with its weight gradients on a side stream replays from a CUDA
 }
 #endif
 
-TEST_CASE("the weight-gradient stream switch; CPU backward never forks", "[autograd][wgrad_stream]") {
+TEST_CASE("the weight-gradient stream switch, and a CPU backward never forks", "[autograd][wgrad_stream]") {
   const bool before = autograd::weight_grad_stream();
   autograd::set_weight_grad_stream(!before);
   CHECK(autograd::weight_grad_stream() == !before);
