@@ -63,11 +63,12 @@ AutocastWeights::AutocastWeights(const std::vector<Tensor>& params, DType dtype)
   views_ = split_views(copy_, params);
 }
 
-bool AutocastWeights::fits(const std::vector<Tensor>& params) {
+std::optional<AutocastWeights> AutocastWeights::if_fits(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
-    if (!p.defined() || p.dtype() != kFloat32) return false;
+    if (!p.defined() || p.dtype() != kFloat32) return std::nullopt;
   }
-  return contiguous_span(params).defined();
+  if (!contiguous_span(params).defined()) return std::nullopt;
+  return std::optional<AutocastWeights>(std::in_place, params);
 }
 
 void AutocastWeights::refresh() {
@@ -91,6 +92,11 @@ AutocastWeightsGuard::AutocastWeightsGuard(const AutocastWeights* weights) : pre
 
 AutocastWeightsGuard::~AutocastWeightsGuard() {
   t_autocast_weights = prev_;
+}
+
+AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights) {
+  if (weights) weights->refresh();
+  return AutocastWeightsGuard(weights ? &*weights : nullptr);
 }
 
 Tensor autocast_float32(const Tensor& x) {

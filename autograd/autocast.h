@@ -31,6 +31,7 @@
 //
 // The state is thread-local like grad mode (autograd/grad_mode.h); parallel::DeviceWorkers
 // gives each worker the caller's state for a run, as PyTorch's parallel_apply does.
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -79,8 +80,9 @@ class AutocastWeights {
   // params: float32 tensors back to back in one buffer, in order (contiguous_span defined);
   // ValueError or DTypeError naming what is not.
   explicit AutocastWeights(const std::vector<Tensor>& params, DType dtype = kBFloat16);
-  // Whether params are what the constructor takes: float32, back to back in one buffer.
-  static bool fits(const std::vector<Tensor>& params);
+  // A copy of params when they are what the constructor takes (float32, back to back in one
+  // buffer), else none.
+  static std::optional<AutocastWeights> if_fits(const std::vector<Tensor>& params);
   void refresh();  // one cast of the whole buffer into the copy, on its device's stream
   // The copy's slice for p (p itself one of the parameters), else an undefined tensor.
   Tensor lookup(const Tensor& p) const;
@@ -102,6 +104,10 @@ class AutocastWeightsGuard {
  private:
   const AutocastWeights* prev_;
 };
+
+// What a step does before its forward: refreshes `weights` (when there is one) and installs it
+// for the returned guard's scope.
+[[nodiscard]] AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights);
 
 // Under autocast, a float32 tensor cast to autocast_dtype() through the differentiable `to`
 // (Note [autocast]), or its slice of the installed AutocastWeights copy (Note [autocast weight

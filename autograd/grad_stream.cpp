@@ -72,7 +72,8 @@ WeightGradStream::~WeightGradStream() {
   if (!forked_) return;
   set_current_stream(prev_);
   try {
-    side_of(device_).done.record(side_of(device_).stream);
+    Side& side = side_of(device_);
+    side.done.record(side.stream);
   } catch (const std::exception& e) {  // the device is broken; the next call on it reports it
     std::fprintf(stderr, "tandem: the weight-gradient stream's end could not be recorded: %s\n", e.what());
   }

@@ -228,20 +228,23 @@ void CUDAGraph::reset() noexcept {
   num_nodes_ = 0;
 }
 
-bool is_current_stream_capturing(Device device) {
-  if (!device.is_cuda()) return false;
+namespace {
+bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(current_cuda_stream(device), &status));
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   return status != cudaStreamCaptureStatusNone;
+}
+}  // namespace
+
+bool is_current_stream_capturing(Device device) {
+  return device.is_cuda() && capturing(current_cuda_stream(device));
 }
 
 void fork_stream(const Stream& main, const Stream& side, Event& fork) {
   if (!main.device().is_cuda()) return;
   fork.record(main);
   fork.wait(side);
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(main.handle()), &status));
-  if (status != cudaStreamCaptureStatusNone) capture_memory_join(main.device(), main.handle(), side.handle());
+  if (capturing(static_cast<cudaStream_t>(main.handle()))) capture_memory_join(main.device(), main.handle(), side.handle());
 }
 
 #else  // no CUDA: nothing can be captured

@@ -105,8 +105,7 @@ void RankStepper::train_step(const Tensor& index, const data::TensorDataset& dat
   const Device d = group_->device();
   zero_grad();
   auto span = parallel::Trace::scoped(trace, d, "forward");
-  if (autocast_weights_) autocast_weights_->refresh();
-  AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
+  const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_);
   Tensor logits = forward(b.x);
   Tensor loss = cross_entropy(logits, b.y);
   span = parallel::Trace::scoped(trace, d, "backward");
@@ -132,17 +131,12 @@ void RankStepper::empty_step(const data::TensorDataset& data) {
   std::vector<Tensor> buffers = module().buffers(), saved;
   for (const Tensor& t : buffers) saved.push_back(t.clone());
   zero_grad();
-  if (autocast_weights_) autocast_weights_->refresh();
-  AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
+  const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_);
   Tensor loss = cross_entropy(forward(b.x), b.y);
   mul(loss, 0.0).backward();
   optimizer_step();
   for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
   after_step();
-}
-
-void RankStepper::use_autocast_weights(const TrainConfig& cfg, const std::vector<Tensor>& params) {
-  if (cfg.precision == "bf16" && AutocastWeights::fits(params)) autocast_weights_.emplace(params);
 }
 
 void RankStepper::sum_across_processes(const Tensor& t) {

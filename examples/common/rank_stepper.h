@@ -54,9 +54,9 @@ class RankStepper : public Stepper {
   // After every step's optimizer step (the ZeRO stepper prints its memory line after the first).
   virtual void after_step() {}
   void broadcast_buffers();
-  // Under --precision bf16, the steps take their bfloat16 weights from one cast of params a
-  // step when params fit (Note [autocast weight copies] in autograd/autocast.h).
-  void use_autocast_weights(const TrainConfig& cfg, const std::vector<Tensor>& params);
+  // Under --precision bf16, the steps' bfloat16 weights from one cast a step, when a subclass
+  // sets it (make_autocast_weights).
+  std::optional<AutocastWeights> autocast_weights_;
 
   std::shared_ptr<parallel::distributed::ProcessGroup> group_;
 
@@ -72,7 +72,6 @@ class RankStepper : public Stepper {
   std::unique_ptr<parallel::Trace> trace_;
   parallel::Trace* trace_now_ = nullptr;  // the trace while this step is traced
   int64_t traced_steps_ = 0;
-  std::optional<AutocastWeights> autocast_weights_;
   StepGraph graph_;
 };
 

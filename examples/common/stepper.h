@@ -5,9 +5,11 @@
 // --zero, with its state sharded (zero_stepper.cpp). The driver in train.cpp does not care which.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "common/train.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
@@ -119,5 +121,9 @@ int64_t tensor_parallel_split_point(const nn::SequentialImpl& model, int64_t num
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
                                                      std::vector<Tensor> params,
                                                      bool capturable = false);
+
+// Under --precision bf16, one bfloat16 copy of params refreshed by one cast a step, when params
+// fit (Note [autocast weight copies] in autograd/autocast.h); otherwise none.
+std::optional<AutocastWeights> make_autocast_weights(const TrainConfig& cfg, const std::vector<Tensor>& params);
 
 }  // namespace tandem::examples

@@ -30,6 +30,11 @@
 
 namespace tandem::examples {
 
+std::optional<AutocastWeights> make_autocast_weights(const TrainConfig& cfg, const std::vector<Tensor>& params) {
+  if (cfg.precision != "bf16") return std::nullopt;
+  return AutocastWeights::if_fits(params);
+}
+
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
                                                      std::vector<Tensor> params, bool capturable) {
   if (cfg.optimizer == "adam")
@@ -100,8 +105,7 @@ class SingleDeviceStepper final : public Stepper {
     grads_.attach();
     // Under autocast, the model's bfloat16 weights from one cast a step (Note [autocast weight
     // copies] in autograd/autocast.h).
-    if (cfg.precision == "bf16" && AutocastWeights::fits(model_->parameters()))
-      autocast_weights_.emplace(model_->parameters());
+    autocast_weights_ = make_autocast_weights(cfg, model_->parameters());
     // Only a graph needs it: StepGraph runs CPU steps eagerly.
     opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
   }
@@ -147,8 +151,7 @@ class SingleDeviceStepper final : public Stepper {
       b = data.get(index);
       grads_.zero_();
     }
-    if (autocast_weights_) autocast_weights_->refresh();
-    AutocastWeightsGuard weights(autocast_weights_ ? &*autocast_weights_ : nullptr);
+    const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_);
     Tensor logits = (*model_)(b.x);
     if (beside) ready_.wait(main);
     Tensor loss = cross_entropy(logits, b.y);
@@ -285,7 +288,7 @@ class DdpStepper final : public RankStepper {
       : RankStepper(cfg, /*graphable=*/true), ddp_(build_model(cfg), cfg.group, ddp_options(cfg)) {
     ddp_.train();
     opt_ = make_optimizer(cfg, ddp_.parameters(), /*capturable=*/graphed());
-    use_autocast_weights(cfg, ddp_.parameters());  // DDP coalesced them
+    autocast_weights_ = make_autocast_weights(cfg, ddp_.parameters());  // DDP coalesced them
   }
 
   void set_lr(double lr) override { opt_->set_lr(lr); }

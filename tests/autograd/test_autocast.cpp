@@ -269,10 +269,13 @@ TEST_CASE("autocast weight copies name what they cannot take", "[autograd][bf16]
   nn::Linear a(3, 2, true, gen), b(2, 2, true, gen);
   // Not coalesced: each parameter in its own storage.
   CHECK(contains(error_message<ValueError>([&] { AutocastWeights w(a.parameters()); }), "back to back"));
+  CHECK_FALSE(AutocastWeights::if_fits(a.parameters()).has_value());
   const Tensor f64 = zeros({2}, kFloat64);
   CHECK(contains(error_message<DTypeError>([&] { AutocastWeights w({f64}); }), "parameter 0"));
+  CHECK_FALSE(AutocastWeights::if_fits({f64}).has_value());
   std::vector<Tensor> params = a.parameters();
   parallel::coalesce(params);
+  CHECK(AutocastWeights::if_fits(params).has_value());
   AutocastWeights weights(params);
   CHECK(contains(error_message<DTypeError>([&] { AutocastWeights w(params, kFloat32); }), "bfloat16"));
   // The parameters moved into another buffer: the copy refuses to refresh from the old one.
