@@ -98,7 +98,9 @@ Tensor cross_entropy_backward(const Tensor& log_probs, const Tensor& target, con
 // correct (int64 [1]) += rows whose argmax equals the target. No host sync.
 void count_correct(const Tensor& logits, const Tensor& target, const Tensor& correct);
 
-Tensor index_select(const Tensor& x, const Tensor& index);  // along dim 0
+// Rows index[i] of x (along dim 0); into, where defined, is where they are written (a packed
+// tensor of the result's shape, dtype and device: output_into's errors otherwise).
+Tensor index_select(const Tensor& x, const Tensor& index, const Tensor& into = Tensor());
 // Zeros of shape `shape` with rows index[i] += src[i].
 Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape);
 

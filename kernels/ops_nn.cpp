@@ -399,7 +399,7 @@ void count_correct(const Tensor& logits, const Tensor& target, const Tensor& cor
 
 // ---- indexing ---------------------------------------------------------------------------
 
-Tensor index_select(const Tensor& x, const Tensor& index) {
+Tensor index_select(const Tensor& x, const Tensor& index, const Tensor& into) {
   check_same_device("index_select", {&x, &index});
   TANDEM_CHECK(x.dim() >= 1, Shape, "index_select: cannot index a 0-d tensor");
   TANDEM_CHECK(index.dtype() == kInt64, DType, "index_select: index must be int64, got ",
@@ -407,7 +407,7 @@ Tensor index_select(const Tensor& x, const Tensor& index) {
   check_dims("index_select", index, 1, "a 1-D index");
   Shape shape = x.shape();
   shape[0] = index.size(0);
-  Tensor out(shape, x.dtype(), x.device());
+  Tensor out = output_into("index_select", into, shape, x, "into");
   backend_for(x.device()).index_select(x.contiguous(), index.contiguous(), out);
   return out;
 }

@@ -130,23 +130,25 @@ class SingleDeviceStepper final : public Stepper {
   void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum,
                   const Tensor& correct) {
     const Stream main = current_stream(index.device());
-    // Beside the forward, on the step's side stream: the labels' gather and the zeroing of the
+    // The images' gather first, on the main stream: the forward starts from it. Then, beside
+    // the forward on the step's side stream, the labels' gather and the zeroing of the
     // gradients, which the step needs only at the loss and the backward. The labels' tensor is
-    // made here, on the main stream, which frees it after everything that reads it.
+    // made here, on the main stream, which frees it after everything that reads it, and the
+    // side stream gathers straight into it.
     data::Batch b;
     const bool beside = index.size(0) > 0;
     if (beside) {
+      b.x = kernels::index_select(data.images(), index);
       Shape ys = data.labels().shape();
       ys[0] = index.size(0);
       b.y = empty(ys, data.labels().dtype(), data.device());
       fork_stream(main, side_stream_, side_fork_);
       {
         const StreamGuard on_side(side_stream_);
-        b.y.copy_(kernels::index_select(data.labels(), index));
+        kernels::index_select(data.labels(), index, b.y);
         grads_.zero_();
         ready_.record(side_stream_);
       }
-      b.x = kernels::index_select(data.images(), index);
     } else {
       b = data.get(index);
       grads_.zero_();

@@ -111,6 +111,16 @@ TEST_CASE("cpu index_select and index_add", "[kernels]") {
     require_close(out, {4, 5, 6, 0, 0, 0, 8, 10, 12, 10, 11, 12, 0, 0, 0}, 0);
   }
   Tensor x = rnd({4, 2}, kFloat32);
+  {  // into: the rows written where the caller says, the same values; a wrong one named
+    const Tensor idx = from_vector<int64_t>({3, 1, 3}, {3});
+    const Tensor into = empty({3, 2}, kFloat32);
+    const Tensor got = kernels::index_select(x, idx, into);
+    REQUIRE(got.same(into));
+    require_close(into, kernels::index_select(x, idx).to_vector<double>(), 0);
+    REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({2, 2}, kFloat32)), ShapeError);
+    REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({2, 3}, kFloat32).transpose(0, 1)), ShapeError);  // not packed
+    REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({3, 2}, kFloat64)), DTypeError);
+  }
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({0, 4}, {2})), ValueError);
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({-1}, {1})), ValueError);
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<float>({0}, {1})), DTypeError);

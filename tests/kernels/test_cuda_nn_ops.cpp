@@ -264,6 +264,10 @@ TEST_CASE("cuda index_select and index_add", "[cuda]") {
   Tensor v = uniform({50}, 0.0, 1.0, kFloat32);
   Tensor idx = random_targets(71, 50);
   check_equal(kernels::index_select(gpu(v), gpu(idx)), kernels::index_select(v, idx));
+  const Tensor into = empty({71}, kFloat32, gpu(v).device());
+  REQUIRE(kernels::index_select(gpu(v), gpu(idx), into).same(into));
+  check_equal(into, kernels::index_select(v, idx));
+  REQUIRE_THROWS_AS(kernels::index_select(gpu(v), gpu(idx), empty({71}, kFloat32)), DeviceError);
 }
 
 TEST_CASE("cuda batch norm: training, evaluation and backward", "[cuda]") {
