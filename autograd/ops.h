@@ -113,14 +113,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // What a Sequential runs for a Linear followed by a ReLU or a Sigmoid when
 // fuse_linear_activation() is on.
 Tensor linear_activation(const Tensor& x, const Tensor& w, const Tensor& b, Activation act);
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p = {});
+// With add_bias false the output leaves b out, z = conv(x, w), for an op after it that adds b
+// itself (Note [conv bias in activation + pooling] in kernels/ops.h); the gradients, b's
+// included, are those of conv2d with the bias: the gradient of z + b is the gradient of z.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p = {}, bool add_bias = true);
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 // max_pool2d / avg_pool2d (mode) of relu(z) or sigmoid(z) as one op (Note [activation +
 // pooling] in kernels/backend.h): the same values and gradients, the activation never stored
 // (z is saved instead). What a Sequential runs for a ReLU or a Sigmoid followed by a pooling
-// module when fuse_activation_pool() is on.
-Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p);
+// module when fuse_activation_pool() is on. bias, where defined, is added to z first, as a
+// constant: the bias of a conv2d with add_bias false, whose backward gives its gradient (Note
+// [conv bias in activation + pooling] in kernels/ops.h); cast to z's dtype where it differs.
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p,
+                         const Tensor& bias = Tensor());
 Tensor log_softmax(const Tensor& x);  // over dim 1 of [N, C]
 // PyTorch's softmax(x, dim) / log_softmax(x, dim) for any dim of a tensor of 1 or more dims
 // (autograd/ops_compare.cpp): dim is moved last and the rows go through the log-softmax

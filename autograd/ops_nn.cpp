@@ -73,10 +73,10 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   return y;
 }
 
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dParams& p) {
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dParams& p, bool add_bias) {
   // Autocast as in matmul (Note [autocast]).
   const Tensor x = autocast_input(x_in), w = autocast_input(w_in), b = autocast_input(b_in);
-  Tensor y = kernels::conv2d(x, w, b, p);  // [N, K, P, Q]
+  Tensor y = kernels::conv2d(x, w, add_bias ? b : Tensor(), p);  // [N, K, P, Q]
   if (autograd::any_requires_grad({&x, &w, &b})) {
     const bool nx = needs_grad(x), nw = needs_grad(w), nb = needs_grad(b);
     record("Conv2d", {x, w, b}, {y},
@@ -125,15 +125,20 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   return pool2d("AvgPool2d", PoolMode::Avg, x, p);
 }
 
-Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p) {
-  Tensor y = kernels::activation_pool2d(z, act, mode, p);
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p,
+                         const Tensor& bias_in) {
+  // A constant here (its gradient is the convolution's): detached, in z's dtype.
+  const Tensor bias = !bias_in.defined()                ? Tensor()
+                      : bias_in.dtype() == z.dtype() ? bias_in.detach()
+                                                       : bias_in.detach().to(z.dtype());
+  Tensor y = kernels::activation_pool2d(z, act, mode, p, bias);
   if (autograd::any_requires_grad({&z})) {
     const bool max = mode == PoolMode::Max;
     const char* name = act == Activation::Relu      ? (max ? "ReluMaxPool2d" : "ReluAvgPool2d")
                        : act == Activation::Sigmoid ? (max ? "SigmoidMaxPool2d" : "SigmoidAvgPool2d")
                                                     : (max ? "MaxPool2d" : "AvgPool2d");
-    record(name, {z}, {y}, [act, mode, p, z = saved(z), y = saved(y)](TensorList&& g) -> TensorList {
-      return {kernels::activation_pool2d_backward(g[0].contiguous(), z, y, act, mode, p)};
+    record(name, {z}, {y}, [act, mode, p, z = saved(z), y = saved(y), bias](TensorList&& g) -> TensorList {
+      return {kernels::activation_pool2d_backward(g[0].contiguous(), z, y, act, mode, p, bias)};
     });
   }
   return y;

@@ -158,15 +158,17 @@ class Backend {
   // dy at a, a = act(z); dy contiguous. Both return false, having done nothing, where the
   // backend has no fused kernel (windows that overlap or pad, a dtype or a layout it does not
   // take): the dispatcher then composes the activation and pooling ops (what the CPU, the
-  // reference, always does).
-  virtual bool activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+  // reference, always does). bias, where defined ([C], z's dtype), is a convolution's bias the
+  // convolution left out (Note [conv bias in activation + pooling] in kernels/ops.h): a = act(z
+  // + bias[c]) in both, the add in z's dtype.
+  virtual bool activation_pool2d_forward(const Tensor& z, const Tensor& bias, Activation act, PoolMode mode,
                                          const Pool2dParams& p, const Tensor& y) {
-    (void)z, (void)act, (void)mode, (void)p, (void)y;
+    (void)z, (void)bias, (void)act, (void)mode, (void)p, (void)y;
     return false;
   }
-  virtual bool activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act,
+  virtual bool activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& bias, Activation act,
                                           PoolMode mode, const Pool2dParams& p, const Tensor& dz) {
-    (void)dy, (void)z, (void)act, (void)mode, (void)p, (void)dz;
+    (void)dy, (void)z, (void)bias, (void)act, (void)mode, (void)p, (void)dz;
     return false;
   }
 

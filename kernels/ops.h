@@ -86,9 +86,19 @@ Tensor pool2d_backward(PoolMode mode, const Tensor& x, const Tensor& y, const Te
 
 // pool(act(z)) as one op (Note [activation + pooling] in kernels/backend.h), and its backward
 // from the pooled output y and its gradient dy: dz.
-Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p);
+//
+// Note [conv bias in activation + pooling]: in LeNet a convolution's output goes to nothing but
+// an activation and a pooling. Where the convolution runs in cuDNN its bias is a pass of its
+// own over the output (one more node of a replayed step, ~2 us); so the convolution can leave
+// the bias out and these ops add it as they read z: pool(act(z + bias[c])) and, backward, dz
+// with a = act(z + bias[c]) -- the same adds in z's dtype, the same bits. bias ([C], z's dtype
+// and device: DTypeError, ShapeError or DeviceError naming it otherwise) is a constant here:
+// its gradient is the sum of dz, which the convolution's backward computes as before
+// (autograd::conv2d with add_bias false; nn::Sequential pairs them, fuse_conv_bias()).
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p,
+                         const Tensor& bias = Tensor());
 Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& y, Activation act,
-                                  PoolMode mode, const Pool2dParams& p);
+                                  PoolMode mode, const Pool2dParams& p, const Tensor& bias = Tensor());
 
 Tensor log_softmax(const Tensor& x);  // over the last dim of a 2-D tensor
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y);

@@ -229,9 +229,10 @@ Tensor conv2d_backward_bias(const Tensor& dy) {
 namespace {
 MemoryFormat bn_format(const Tensor& x) { return suggest_memory_format(x); }
 
-// A conv's bias fused into the batch norm (Note [conv bias in batch norm]): [C], on x's device,
-// of x's own dtype (the conv's output's, not the per-channel tensors').
-void check_bn_bias(const char* op, const Tensor& x, const Tensor& bias) {
+// A conv's bias fused into the op after it (Note [conv bias in batch norm], Note [conv bias in
+// activation + pooling] in kernels/ops.h): [C], on x's device, of x's own dtype (the conv's
+// output's, not a batch norm's per-channel tensors').
+void check_conv_bias(const char* op, const Tensor& x, const Tensor& bias) {
   if (!bias.defined()) return;
   check_same_device(op, {&x, &bias});
   TANDEM_CHECK(bias.dtype() == x.dtype(), DType, op, ": bias ", dtype_name(bias.dtype()), " ",
@@ -299,20 +300,30 @@ Tensor activate(const Tensor& z, Activation act) {
   return unary(activation_forward_op(act), z);
 }
 
+// z + bias[c] over z [N, C, H, W]: the add of the convolution that left its bias out (the
+// conv's own add, the same bits).
+Tensor add_channel_bias(const Tensor& z, const Tensor& bias) {
+  if (!bias.defined()) return z;
+  Shape cs(static_cast<size_t>(z.dim()), 1);
+  cs[1] = z.size(1);
+  return binary(BinaryOp::Add, z, bias.reshape(cs));
+}
+
 }  // namespace
 
-Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p) {
+Tensor activation_pool2d(const Tensor& z, Activation act, PoolMode mode, const Pool2dParams& p, const Tensor& bias) {
   const char* op = pool_name(mode);
   check_same_device(op, {&z});
   check_floating(op, z);
   Tensor y(pool_out_shape(op, z, p), z.dtype(), z.device());
-  if (z.is_contiguous() && backend_for(z.device()).activation_pool2d_forward(z, act, mode, p, y)) return y;
-  pool2d_into(mode, activate(z, act), p, y);  // the composition, the reference's way, into the same y
+  check_conv_bias(op, z, bias);
+  if (z.is_contiguous() && backend_for(z.device()).activation_pool2d_forward(z, bias, act, mode, p, y)) return y;
+  pool2d_into(mode, activate(add_channel_bias(z, bias), act), p, y);  // the composition, the reference's way
   return y;
 }
 
 Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& y, Activation act,
-                                  PoolMode mode, const Pool2dParams& p) {
+                                  PoolMode mode, const Pool2dParams& p, const Tensor& bias) {
   const char* op = mode == PoolMode::Max ? "max_pool2d_backward" : "avg_pool2d_backward";
   check_same_device(op, {&dy, &z, &y});
   check_same_dtype(op, {&dy, &z, &y});
@@ -320,13 +331,14 @@ Tensor activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tenso
   const Shape ys = pool_out_shape(op, z, p);
   check_shape(op, y, ys, "y");
   check_shape(op, dy, ys, "dy");
+  check_conv_bias(op, z, bias);
   Tensor dz(z.shape(), z.dtype(), z.device());
   if (z.is_contiguous() && dy.is_contiguous() &&
-      backend_for(z.device()).activation_pool2d_backward(dy, z, act, mode, p, dz)) {
+      backend_for(z.device()).activation_pool2d_backward(dy, z, bias, act, mode, p, dz)) {
     return dz;
   }
   // The composition: the gradients the separate ops compute, the same bits, into the same dz.
-  const Tensor a = activate(z, act);
+  const Tensor a = activate(add_channel_bias(z, bias), act);
   pool2d_backward_into(mode, a, y, dy, p, dz);  // the pooling gradient, at a
   if (act != Activation::None) binary_(activation_backward_op(act), dz, a);
   return dz;
@@ -435,7 +447,7 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
-  check_bn_bias(op, x, bias);
+  check_conv_bias(op, x, bias);
   check_in_place(op, running_mean, "running_mean");
   check_in_place(op, running_var, "running_var");
   const int64_t c = x.size(1);
@@ -459,7 +471,7 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
-  check_bn_bias(op, x, bias);
+  check_conv_bias(op, x, bias);
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
@@ -478,7 +490,7 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
   check_bn_args(op, x, {&gamma, &save_mean, &save_invstd});
-  check_bn_bias(op, x, bias);
+  check_conv_bias(op, x, bias);
   check_shape(op, dy, x.shape(), "dy");
   if (relu_out.defined()) {
     check_same_device(op, {&dy, &relu_out});

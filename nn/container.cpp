@@ -24,6 +24,28 @@ SequentialImpl& SequentialImpl::push_back(std::shared_ptr<Module> m) {
   return *this;
 }
 
+namespace {
+
+// The activation of module a when a pooling module p follows it and fuse_activation_pool() is on
+// (a ReLU or a Sigmoid); Activation::None otherwise.
+Activation activation_before_pool(const Module* a, const Module* p) {
+  if (!fuse_activation_pool() || a == nullptr ||
+      (dynamic_cast<const AvgPool2d*>(p) == nullptr && dynamic_cast<const MaxPool2d*>(p) == nullptr)) {
+    return Activation::None;
+  }
+  return dynamic_cast<const ReLU*>(a) != nullptr      ? Activation::Relu
+         : dynamic_cast<const Sigmoid*>(a) != nullptr ? Activation::Sigmoid
+                                                      : Activation::None;
+}
+
+// pool(act(z + conv_bias)) through pooling module p (an AvgPool2d or a MaxPool2d).
+Tensor pool_activation(Module& p, const Tensor& z, Activation act, const Tensor& conv_bias) {
+  if (auto* avg = dynamic_cast<AvgPool2d*>(&p); avg != nullptr) return avg->forward_activation(z, act, conv_bias);
+  return dynamic_cast<MaxPool2d&>(p).forward_activation(z, act, conv_bias);
+}
+
+}  // namespace
+
 Tensor SequentialImpl::forward_impl(const Tensor& x) {
   Tensor y = x;
   const auto& children = named_children();
@@ -65,22 +87,22 @@ Tensor SequentialImpl::forward_impl(const Tensor& x) {
       }
     }
     // A ReLU or a Sigmoid followed by a pooling module runs as one op when
-    // fuse_activation_pool() is on (Note [activation + pooling] in kernels/backend.h).
-    const Activation act = !fuse_activation_pool()                    ? Activation::None
-                           : dynamic_cast<const ReLU*>(&m) != nullptr    ? Activation::Relu
-                           : dynamic_cast<const Sigmoid*>(&m) != nullptr ? Activation::Sigmoid
-                                                                        : Activation::None;
+    // fuse_activation_pool() is on (Note [activation + pooling] in kernels/backend.h); a Conv2d
+    // with a bias before them leaves its bias for that op to add when fuse_conv_bias() is on too
+    // (Note [conv bias in activation + pooling] in kernels/ops.h).
+    const Activation act = activation_before_pool(&m, child(i + 1));
     if (act != Activation::None) {
-      if (auto* avg = dynamic_cast<AvgPool2d*>(child(i + 1)); avg != nullptr) {
-        y = avg->forward_activation(y, act);
-        ++i;
-        continue;
-      }
-      if (auto* max = dynamic_cast<MaxPool2d*>(child(i + 1)); max != nullptr) {
-        y = max->forward_activation(y, act);
-        ++i;
-        continue;
-      }
+      y = pool_activation(*child(i + 1), y, act, Tensor());
+      ++i;
+      continue;
+    }
+    const Activation conv_act = conv != nullptr && conv->bias().defined() && fuse_conv_bias()
+                                    ? activation_before_pool(child(i + 1), child(i + 2))
+                                    : Activation::None;
+    if (conv_act != Activation::None) {
+      y = pool_activation(*child(i + 2), conv->forward_bias_deferred(y), conv_act, conv->bias());
+      i += 2;
+      continue;
     }
     y = m.forward(y);
   }

@@ -5,7 +5,8 @@
 // nn::conv_batch_norm; a Linear and the ReLU or Sigmoid after it as one op when
 // fuse_linear_activation() is on: Note [linear + activation]; a ReLU or a Sigmoid and the
 // pooling module after it as one op when fuse_activation_pool() is on: Note [activation +
-// pooling]).
+// pooling]; a Conv2d before those two leaving its bias for that op to add when fuse_conv_bias()
+// is on too: Note [conv bias in activation + pooling] in kernels/ops.h).
 //
 // As in libtorch, nn::Sequential is the holder (Note [module holders] in nn/module.h) of the
 // module class nn::SequentialImpl:

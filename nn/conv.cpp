@@ -50,4 +50,10 @@ Tensor Conv2d::forward_no_bias(const Tensor& x) {
   return conv2d(x, weight(), Tensor(), params());
 }
 
+Tensor Conv2d::forward_bias_deferred(const Tensor& x) {
+  check_forward_input(x);  // as forward()
+  check_input_shape(x);
+  return conv2d(x, weight(), bias(), params(), /*add_bias=*/false);
+}
+
 }  // namespace tandem::nn

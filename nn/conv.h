@@ -25,6 +25,11 @@ class Conv2d : public Cloneable<Conv2d> {
   // forward(x) without adding the bias (forward's checks), for a batch norm after this layer
   // that adds the bias in its own passes (BatchNorm2d::forward_biased, nn::conv_batch_norm).
   Tensor forward_no_bias(const Tensor& x);
+  // forward(x) with the bias left for the op after it to add, its gradient still computed here
+  // (autograd's conv2d with add_bias false; Note [conv bias in activation + pooling] in
+  // kernels/ops.h): what a Sequential runs for this layer followed by an activation and a
+  // pooling module (AvgPool2d / MaxPool2d::forward_activation with bias()).
+  Tensor forward_bias_deferred(const Tensor& x);
 
   std::string name() const override { return "Conv2d"; }
   std::string extra_repr() const override;

@@ -43,10 +43,10 @@ Tensor AvgPool2d::forward_impl(const Tensor& x) {
   return avg_pool2d(x, p_);
 }
 
-Tensor AvgPool2d::forward_activation(const Tensor& z, Activation act) {
+Tensor AvgPool2d::forward_activation(const Tensor& z, Activation act, const Tensor& conv_bias) {
   check_forward_input(z);  // as forward()
   check_input("AvgPool2d", z, p_);
-  return activation_pool2d(z, act, PoolMode::Avg, p_);
+  return activation_pool2d(z, act, PoolMode::Avg, p_, conv_bias);
 }
 
 MaxPool2d::MaxPool2d(int64_t kernel_size, int64_t stride, int64_t padding)
@@ -61,10 +61,10 @@ Tensor MaxPool2d::forward_impl(const Tensor& x) {
   return max_pool2d(x, p_);
 }
 
-Tensor MaxPool2d::forward_activation(const Tensor& z, Activation act) {
+Tensor MaxPool2d::forward_activation(const Tensor& z, Activation act, const Tensor& conv_bias) {
   check_forward_input(z);  // as forward()
   check_input("MaxPool2d", z, p_);
-  return activation_pool2d(z, act, PoolMode::Max, p_);
+  return activation_pool2d(z, act, PoolMode::Max, p_, conv_bias);
 }
 
 Tensor GlobalAvgPool2d::forward_impl(const Tensor& x) {

@@ -13,8 +13,10 @@ class AvgPool2d : public Cloneable<AvgPool2d> {
   Pool2dParams params() const { return p_; }
   // forward(act(z)) as one op (autograd's activation_pool2d): the same values and gradients.
   // What a Sequential runs for a ReLU or a Sigmoid followed by this module when
-  // fuse_activation_pool() is on (kernels/backend.h).
-  Tensor forward_activation(const Tensor& z, Activation act);
+  // fuse_activation_pool() is on (kernels/backend.h). conv_bias, where defined, is the bias of
+  // the Conv2d before the activation, which left it out (Conv2d::forward_bias_deferred): act(z
+  // + conv_bias[c]).
+  Tensor forward_activation(const Tensor& z, Activation act, const Tensor& conv_bias = Tensor());
   std::string name() const override { return "AvgPool2d"; }
   std::string extra_repr() const override;
 
@@ -31,8 +33,10 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
   Pool2dParams params() const { return p_; }
   // forward(act(z)) as one op (autograd's activation_pool2d): the same values and gradients.
   // What a Sequential runs for a ReLU or a Sigmoid followed by this module when
-  // fuse_activation_pool() is on (kernels/backend.h).
-  Tensor forward_activation(const Tensor& z, Activation act);
+  // fuse_activation_pool() is on (kernels/backend.h). conv_bias, where defined, is the bias of
+  // the Conv2d before the activation, which left it out (Conv2d::forward_bias_deferred): act(z
+  // + conv_bias[c]).
+  Tensor forward_activation(const Tensor& z, Activation act, const Tensor& conv_bias = Tensor());
   std::string name() const override { return "MaxPool2d"; }
   std::string extra_repr() const override;
 

@@ -50,9 +50,9 @@ class CudaBackend final : public Backend {
                        const Tensor& dw, const Tensor& db) override;
 
   // Own kernels for tiling windows (Note [activation + pooling] in kernels/backend.h, pool.cu).
-  bool activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+  bool activation_pool2d_forward(const Tensor& z, const Tensor& bias, Activation act, PoolMode mode,
                                  const Pool2dParams& p, const Tensor& y) override;
-  bool activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act,
+  bool activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& bias, Activation act,
                                   PoolMode mode, const Pool2dParams& p, const Tensor& dz) override;
 
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,

@@ -121,10 +121,24 @@ __global__ void max_pool_backward_kernel(const T* x, const T* dy, T* dx, int64_t
 struct TileGeom {
   unsigned planes;  // N * C
   unsigned h, w, p, q, kh, kw;
+  unsigned channels;  // C: plane % C is the channel of a bias
+};
+
+// The activation of z's element `at` of a window of `plane`, with a bias z + bias[c] first
+// (Note [conv bias in activation + pooling] in kernels/ops.h; the add in T, the convolution's).
+template <typename T, Activation A>
+struct WindowActivation {
+  const T* z;
+  bool biased;
+  T b;
+  __device__ WindowActivation(const T* z_, const T* bias, unsigned plane, unsigned channels)
+      : z(z_), biased(bias != nullptr), b(bias != nullptr ? bias[plane % channels] : T(0)) {}
+  __device__ T operator()(unsigned at) const { return activate<T, A>(biased ? z[at] + b : z[at]); }
 };
 
 template <typename T, Activation A, PoolMode M>
-__global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __restrict__ y, TileGeom g) {
+__global__ void activation_pool_forward_kernel(const T* __restrict__ z, const T* __restrict__ bias,
+                                               T* __restrict__ y, TileGeom g) {
   // 32-bit indices (the dispatcher keeps z below 2^31 elements): 64-bit division is several
   // times slower, and these kernels are mostly index arithmetic.
   const unsigned total = g.planes * g.p * g.q;
@@ -132,12 +146,13 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __res
   for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < total; o += gridDim.x * blockDim.x) {
     const unsigned qi = o % g.q, rest = o / g.q, pi = rest % g.p, plane = rest / g.p;
     const T* zp = z + (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
+    const WindowActivation<T, A> a(zp, bias, plane, g.channels);
     T out;
     if constexpr (M == PoolMode::Avg) {
       T sum = 0;
       for (unsigned s = 0; s < g.kw; ++s) {
-        T col = activate<T, A>(zp[s]);
-        for (unsigned r = 1; r < g.kh; ++r) col += activate<T, A>(zp[r * g.w + s]);
+        T col = a(s);
+        for (unsigned r = 1; r < g.kh; ++r) col += a(r * g.w + s);
         sum = s == 0 ? col : sum + col;
       }
       out = sum * inv_area;
@@ -146,7 +161,7 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __res
       bool nan = false;
       for (unsigned r = 0; r < g.kh && !nan; ++r) {
         for (unsigned s = 0; s < g.kw && !nan; ++s) {
-          const T v = activate<T, A>(zp[r * g.w + s]);
+          const T v = a(r * g.w + s);
           if (v > out || v != v) out = v, nan = v != v;
         }
       }
@@ -161,12 +176,13 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, T* __res
 // window (the last rows or columns when a window does not divide the input) get 0.
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ z,
-                                                T* __restrict__ dz, TileGeom g) {
+                                                const T* __restrict__ bias, T* __restrict__ dz, TileGeom g) {
   const unsigned windows = g.planes * g.p * g.q;
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
   for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < windows; o += gridDim.x * blockDim.x) {
     const unsigned qi = o % g.q, rest = o / g.q, pi = rest % g.p, plane = rest / g.p;
     const unsigned base = (plane * g.h + pi * g.kh) * g.w + qi * g.kw;
+    const WindowActivation<T, A> a(z, bias, plane, g.channels);
     const T g_out = dy[o];
     unsigned best_r = 0, best_s = 0;
     if constexpr (M == PoolMode::Max) {
@@ -175,7 +191,7 @@ __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const 
       bool nan = false;
       for (unsigned r = 0; r < g.kh && !nan; ++r) {
         for (unsigned s = 0; s < g.kw && !nan; ++s) {
-          const T v = activate<T, A>(z[base + r * g.w + s]);
+          const T v = a(base + r * g.w + s);
           if (v > best || v != v) best = v, best_r = r, best_s = s, nan = v != v;
         }
       }
@@ -189,7 +205,7 @@ __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const 
         } else {
           da = r == best_r && s == best_s ? g_out : T(0);
         }
-        dz[i] = activation_grad<T, A>(da, activate<T, A>(z[i]));
+        dz[i] = activation_grad<T, A>(da, a(i));
       }
     }
   }
@@ -208,7 +224,7 @@ bool tiles_without_padding(const Pool2dParams& p) {
 TileGeom tile_geom(const Tensor& x, const Pool2dParams& p) {
   const auto u = [](int64_t v) { return static_cast<unsigned>(v); };
   return {u(x.size(0) * x.size(1)), u(x.size(2)), u(x.size(3)), u(x.size(2) / p.kernel_h),
-          u(x.size(3) / p.kernel_w), u(p.kernel_h), u(p.kernel_w)};
+          u(x.size(3) / p.kernel_w), u(p.kernel_h), u(p.kernel_w), u(x.size(1))};
 }
 
 // Calls fn(mode as a constant).
@@ -223,8 +239,8 @@ void dispatch_pool_mode(PoolMode mode, Fn&& fn) {
 // (element of y), or per element of dz backward where no window covers any of it. dy is read
 // only backward.
 template <bool Backward>
-bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, Activation act,
-                            PoolMode mode, const Pool2dParams& p, const Tensor& out) {
+bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, const Tensor& bias,
+                            Activation act, PoolMode mode, const Pool2dParams& p, const Tensor& out) {
   if (!tiles_without_padding(p) || (z.dtype() != kFloat32 && z.dtype() != kFloat64) ||
       z.numel() >= (int64_t{1} << 31)) {
     return false;
@@ -242,12 +258,13 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, A
         constexpr Activation A = decltype(a)::value;
         constexpr PoolMode M = decltype(m)::value;
         cudaStream_t stream = current_cuda_stream(z.device());
+        const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
         if constexpr (Backward) {
           activation_pool_backward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
-              cptr<T>(dy), cptr<T>(z), ptr<T>(out), g);
+              cptr<T>(dy), cptr<T>(z), b, ptr<T>(out), g);
         } else {
           activation_pool_forward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
-              cptr<T>(z), ptr<T>(out), g);
+              cptr<T>(z), b, ptr<T>(out), g);
         }
         TANDEM_CUDA_CHECK_LAUNCH();
       });
@@ -259,14 +276,14 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, A
 }  // namespace
 }  // namespace gpu
 
-bool CudaBackend::activation_pool2d_forward(const Tensor& z, Activation act, PoolMode mode,
+bool CudaBackend::activation_pool2d_forward(const Tensor& z, const Tensor& bias, Activation act, PoolMode mode,
                                             const Pool2dParams& p, const Tensor& y) {
-  return gpu::launch_activation_pool<false>("activation_pool2d", Tensor(), z, act, mode, p, y);
+  return gpu::launch_activation_pool<false>("activation_pool2d", Tensor(), z, bias, act, mode, p, y);
 }
 
-bool CudaBackend::activation_pool2d_backward(const Tensor& dy, const Tensor& z, Activation act, PoolMode mode,
-                                             const Pool2dParams& p, const Tensor& dz) {
-  return gpu::launch_activation_pool<true>("activation_pool2d_backward", dy, z, act, mode, p, dz);
+bool CudaBackend::activation_pool2d_backward(const Tensor& dy, const Tensor& z, const Tensor& bias, Activation act,
+                                             PoolMode mode, const Pool2dParams& p, const Tensor& dz) {
+  return gpu::launch_activation_pool<true>("activation_pool2d_backward", dy, z, bias, act, mode, p, dz);
 }
 
 void CudaBackend::pool2d_forward(PoolMode mode, const Tensor& x, const Pool2dParams& p,

@@ -193,3 +193,92 @@ TEST_CASE("activation_pool2d and its backward name the shapes at fault", "[kerne
     kernels::activation_pool2d_backward(zeros({1, 2, 2, 2}, kFloat64), z, y, Activation::Relu, PoolMode::Max, p);
   });
 }
+
+// Note [conv bias in activation + pooling] (kernels/ops.h): a convolution's bias added by the
+// activation + pooling op as it reads z, forward and backward.
+TEST_CASE("activation_pool2d with a conv's bias is pooling of the activation of z + bias", "[nn][cuda]") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (Activation act : kActivations) {
+      for (PoolMode mode : kModes) {
+        for (const Pool2dParams& p : kParams) {
+          INFO(dtype_name(dt) << " act " << static_cast<int>(act) << " mode " << static_cast<int>(mode) << " kernel "
+                              << p.kernel_h << "x" << p.kernel_w << " stride " << p.stride_h << " pad " << p.pad_h);
+          const Tensor z = uniform({3, 4, 8, 9}, -2.0, 2.0, dt), bias = uniform({4}, -1.0, 1.0, dt);
+          const Tensor dy = uniform(kernels::pool2d(PoolMode::Avg, z, p).shape(), -1.0, 1.0, dt);
+          for (const Device d : test::test_devices()) {
+            INFO("on " << d.str());
+            const Tensor zd = z.to(d), bd = bias.to(d), dyd = dy.to(d);
+            // The bias added first by the add op: on every backend the same add, the same bits.
+            const Tensor a = kernels::binary(BinaryOp::Add, zd, bd.reshape({1, 4, 1, 1}));
+            const Tensor want = kernels::activation_pool2d(a, act, mode, p);
+            const Tensor got = kernels::activation_pool2d(zd, act, mode, p, bd);
+            CHECK(same_values(got, want));
+            CHECK(same_values(kernels::activation_pool2d_backward(dyd, zd, got, act, mode, p, bd),
+                              kernels::activation_pool2d_backward(dyd, a, want, act, mode, p)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gradcheck conv2d with its bias added by activation_pool2d", "[autograd]") {
+  manual_seed(73);
+  Conv2dParams cp;
+  cp.pad_h = cp.pad_w = 1;
+  for (Activation act : {Activation::Sigmoid, Activation::None}) {  // smooth: no kink in reach
+    for (PoolMode mode : kModes) {
+      INFO(static_cast<int>(act) << " " << static_cast<int>(mode));
+      Tensor x = leaf_away_from_zero({2, 2, 6, 6}), w = leaf_away_from_zero({3, 2, 3, 3});
+      Tensor b = leaf_away_from_zero({3});
+      check_gradients(
+          [=](const V& in) {
+            return activation_pool2d(conv2d(in[0], in[1], in[2], cp, /*add_bias=*/false), act, mode, pool(2, 2, 0),
+                                     in[2]);
+          },
+          {x, w, b});
+    }
+  }
+}
+
+TEST_CASE("A Sequential's Conv2d leaves its bias to the activation + pooling after it", "[nn][cuda]") {
+  const test::SettingRestore restore(set_fuse_conv_bias, fuse_conv_bias);
+  const test::SettingRestore restore_pool(set_fuse_activation_pool, fuse_activation_pool);
+  set_fuse_activation_pool(true);
+  Generator gen(19);
+  // LeNet's pattern twice (a 1-channel input as its first layer), and a Conv2d without a bias.
+  const auto model = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(1, 3, 5, 1, 2, true, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(2, 2), std::make_shared<nn::Conv2d>(3, 4, 3, 1, 0, true, gen),
+      std::make_shared<nn::Sigmoid>(), std::make_shared<nn::AvgPool2d>(2, 2),
+      std::make_shared<nn::Conv2d>(4, 2, 1, 1, 0, false, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(2, 2)});
+  const Tensor x = uniform({3, 1, 20, 20}, -1.0, 1.0, kFloat32);
+  for (const Device d : test::test_devices()) {
+    INFO("on " << d.str());
+    // Every backend adds the bias with the same add wherever it is: the same bits.
+    test::check_fusion_changes_nothing(model, x, d, set_fuse_conv_bias, fuse_conv_bias);
+    // The conv's node still computes the bias gradient; the op after it names the pooling.
+    set_fuse_conv_bias(true);
+    auto& conv = dynamic_cast<nn::Conv2d&>(*model->named_children().item(0).second);
+    const Tensor z = conv.forward_bias_deferred(x.to(d));
+    CHECK(autograd::meta(z).grad_fn->name() == "Conv2d");
+    CHECK(same_values(kernels::binary(BinaryOp::Add, z.detach(), conv.bias().detach().reshape({1, 3, 1, 1})),
+                      conv(x.to(d)).detach()));
+  }
+}
+
+TEST_CASE("activation_pool2d names a bias that does not fit", "[kernels]") {
+  const Pool2dParams p = pool(2, 2, 0);
+  const Tensor z = uniform({1, 2, 4, 4}, -1.0, 1.0), y = zeros({1, 2, 2, 2});
+  std::string msg = test::error_message<ShapeError>(
+      [&] { kernels::activation_pool2d(z, Activation::Relu, PoolMode::Max, p, zeros({3})); });
+  CHECK(test::contains(msg, "bias"));
+  CHECK(test::contains(msg, shape_str({3})));
+  msg = test::error_message<DTypeError>(
+      [&] { kernels::activation_pool2d(z, Activation::Relu, PoolMode::Max, p, zeros({2}, kFloat64)); });
+  CHECK(test::contains(msg, "bias"));
+  test::error_message<ShapeError>([&] {
+    kernels::activation_pool2d_backward(zeros({1, 2, 2, 2}), z, y, Activation::Relu, PoolMode::Max, p, zeros({2, 1}));
+  });
+}
