@@ -138,10 +138,10 @@ class SingleDeviceStepper final : public Stepper {
     data::Batch b;
     const bool beside = index.size(0) > 0;
     if (beside) {
-      b.x = kernels::index_select(data.images(), index);
-      Shape ys = data.labels().shape();
-      ys[0] = index.size(0);
-      b.y = empty(ys, data.labels().dtype(), data.device());
+      keep_batch_buffers(data, index.size(0));
+      const bool kept = batch_x_.defined() && batch_x_.size(0) == index.size(0);
+      b.x = kernels::index_select(data.images(), index, kept ? batch_x_ : Tensor());
+      b.y = kept ? batch_y_ : empty(rows_of(data.labels(), index.size(0)), data.labels().dtype(), data.device());
       fork_stream(main, side_stream_, side_fork_);
       {
         const StreamGuard on_side(side_stream_);
@@ -174,8 +174,28 @@ class SingleDeviceStepper final : public Stepper {
     sums_done_.wait(main);
   }
 
+  static Shape rows_of(const Tensor& t, int64_t rows) {
+    Shape s = t.shape();
+    s[0] = rows;
+    return s;
+  }
+
+  // Note [the step's batch buffers]: the batch's images and labels are gathered into two
+  // tensors made at the first step and kept, not into new ones each step. In a replayed LeNet
+  // step the images' gather into a tensor the graph allocated started some 6 us after the node
+  // before it ended; into memory that outlives the graph it is a kernel like the others. Only
+  // batches of the first batch's size use them (an epoch's last, smaller batch runs eagerly on
+  // tensors of its own), so the graph's addresses never change. Made outside any capture: the
+  // warm-up steps come first.
+  void keep_batch_buffers(const data::TensorDataset& data, int64_t rows) {
+    if (batch_x_.defined() || is_current_stream_capturing(data.device())) return;
+    batch_x_ = empty(rows_of(data.images(), rows), data.images().dtype(), data.device());
+    batch_y_ = empty(rows_of(data.labels(), rows), data.labels().dtype(), data.device());
+  }
+
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
+  Tensor batch_x_, batch_y_;  // Note [the step's batch buffers]
   std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   // The step's side stream on a GPU (the current stream on a CPU): the labels' gather and the
