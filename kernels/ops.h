@@ -113,6 +113,8 @@ void count_correct(const Tensor& logits, const Tensor& target, const Tensor& cor
 Tensor index_select(const Tensor& x, const Tensor& index, const Tensor& into = Tensor());
 // Zeros of shape `shape` with rows index[i] += src[i].
 Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape);
+// out's rows index[i] += src[i], in place (PyTorch's out.index_add_(0, index, src)); out packed.
+void index_add_(const Tensor& out, const Tensor& index, const Tensor& src);
 
 struct BatchNormResult {
   Tensor y, save_mean, save_invstd;

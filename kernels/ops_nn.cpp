@@ -424,19 +424,32 @@ Tensor index_select(const Tensor& x, const Tensor& index, const Tensor& into) {
   return out;
 }
 
-Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape) {
-  check_same_device("index_add", {&src, &index});
-  TANDEM_CHECK(!shape.empty(), Shape, "index_add: the output must have at least one dim");
-  TANDEM_CHECK(index.dtype() == kInt64, DType, "index_add: index must be int64, got ",
-               dtype_name(index.dtype()));
-  check_dims("index_add", index, 1, "a 1-D index");
+namespace {
+void check_index_add(const char* op, const Tensor& src, const Tensor& index, const Shape& shape) {
+  check_same_device(op, {&src, &index});
+  TANDEM_CHECK(!shape.empty(), Shape, op, ": the output must have at least one dim");
+  TANDEM_CHECK(index.dtype() == kInt64, DType, op, ": index must be int64, got ", dtype_name(index.dtype()));
+  check_dims(op, index, 1, "a 1-D index");
   Shape src_shape = shape;
   src_shape[0] = index.size(0);
-  check_shape("index_add", src, src_shape, "src");
+  check_shape(op, src, src_shape, "src");
+}
+}  // namespace
+
+Tensor index_add(const Tensor& src, const Tensor& index, const Shape& shape) {
+  check_index_add("index_add", src, index, shape);
   Tensor out(shape, src.dtype(), src.device());
   out.zero_();
   backend_for(src.device()).index_add(src.contiguous(), index.contiguous(), out);
   return out;
+}
+
+void index_add_(const Tensor& out, const Tensor& index, const Tensor& src) {
+  check_index_add("index_add_", src, index, out.shape());
+  check_same_device("index_add_", {&out, &src});
+  check_same_dtype("index_add_", {&out, &src});
+  TANDEM_CHECK(out.is_contiguous(), Shape, "index_add_: out ", shape_str(out.shape()), " is not packed");
+  backend_for(out.device()).index_add(src.contiguous(), index.contiguous(), out);
 }
 
 // ---- batch norm -------------------------------------------------------------------------

@@ -64,6 +64,13 @@ class Stepper {
   // Adds the right answers counted elsewhere since the last call into `correct`; the driver
   // calls it before it reads `correct` (at the end of an epoch, before a checkpoint).
   virtual void collect_metrics(const Tensor& correct) {}
+  // Note [the loss window inside the step] (train.cpp): the driver keeps the running loss sum of
+  // every step since its last check in `log` ([S] float64, zeros after each check, on the first
+  // device) at `cursor` ([1] int64 there, the number of steps since the check). A stepper that
+  // returns true appends it itself at the end of every step -- log[cursor] += loss_sum, then
+  // ++cursor -- where the step is replayed from a CUDA graph, inside the graph, and the driver
+  // launches nothing for it between steps. The default: false, the driver appends.
+  virtual bool append_loss_sums(const Tensor& log, const Tensor& cursor) { return false; }
 
   // The training state a checkpoint holds: the model (replica 0, on the first device) and its
   // optimizer. After loading values into them, the driver calls after_load(), which brings the

@@ -304,6 +304,27 @@ TEST_CASE("a loss that is not finite stops the run naming epoch and step, keepin
 
 #if defined(TANDEM_RUN_PATH) && defined(TANDEM_WITH_GLOO)
 // Two processes over Gloo: rank 0 writes, every rank loads on --resume (docs/08-checkpoints.md).
+// Note [the loss window inside the step]: the step appends its loss sum at a cursor on the
+// device; read every 100 steps, the window names the same first bad step as a check after
+// every step does.
+TEST_CASE("the loss window names the first step whose loss is not finite, read every step or every 100",
+          "[examples][checkpoint]") {
+  TempDir dir;
+  write_tiny_dataset(dir.path());
+  const std::string flags = "--data " + dir.path().string() +
+                            " --batch-size 8 --test-limit 16 --no-progress --epochs 3 --activation relu --lr 1e6";
+  const auto verdict = [&](const std::string& more, const std::string& log) {
+    REQUIRE(run(TANDEM_LENET_PATH, flags + more, dir.file(log)) == 1);
+    const std::string out = read_text(dir.file(log));
+    INFO(out);
+    const size_t at = out.find(" not finite at epoch ");
+    REQUIRE(at != std::string::npos);
+    return out.substr(at, out.find(')', at) - at);  // epoch, step, run step and the sum
+  };
+  const std::string every_step = verdict(" --checkpoint-every 1 --checkpoint " + (dir.path() / "c").string(), "1.log");
+  CHECK(verdict("", "100.log") == every_step);
+}
+
 TEST_CASE("two processes: a run cut at a random checkpoint and resumed ends as the whole run, and SIGTERM stops the job",
           "[examples][checkpoint][dist]") {
   TempDir dir;
