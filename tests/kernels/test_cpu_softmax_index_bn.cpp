@@ -109,7 +109,12 @@ TEST_CASE("cpu index_select and index_add", "[kernels]") {
     Tensor src = from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {4, 3}).to(dt);
     Tensor out = kernels::index_add(src, idx, {5, 3});
     require_close(out, {4, 5, 6, 0, 0, 0, 8, 10, 12, 10, 11, 12, 0, 0, 0}, 0);
+    kernels::index_add_(out, from_vector<int64_t>({4}, {1}), src.slice(0, 0, 1));  // in place, onto what is there
+    require_close(out, {4, 5, 6, 0, 0, 0, 8, 10, 12, 10, 11, 12, 1, 2, 3}, 0);
   }
+  REQUIRE_THROWS_AS(kernels::index_add_(zeros({5, 3}), from_vector<int64_t>({0}, {1}), zeros({1, 3}, kFloat64)),
+                    DTypeError);
+  REQUIRE_THROWS_AS(kernels::index_add_(zeros({5, 3}), from_vector<int64_t>({0}, {1}), zeros({1, 2})), ShapeError);
   Tensor x = rnd({4, 2}, kFloat32);
   {  // into: the rows written where the caller says, the same values; a wrong one named
     const Tensor idx = from_vector<int64_t>({3, 1, 3}, {3});

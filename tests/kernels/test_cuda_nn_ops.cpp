@@ -255,6 +255,8 @@ TEST_CASE("cuda index_select and index_add", "[cuda]") {
     Tensor src = uniform({29, 4, 3}, -10.0, 10.0, kFloat64).to(dt);
     Tensor out = kernels::index_add(src, index, {13, 4, 3});
     Tensor outg = kernels::index_add(gpu(src), gpu(index), {13, 4, 3});
+    kernels::index_add_(out, index.slice(0, 0, 3), src.slice(0, 0, 3));  // in place, onto the sums
+    kernels::index_add_(outg, gpu(index.slice(0, 0, 3)), gpu(src.slice(0, 0, 3)));
     if (dt == kInt64) {
       check_equal(outg, out);
     } else {
