@@ -334,7 +334,11 @@ bool fuse_bn_relu();
 //   kernels/cuda/batchnorm.cu): the same values and gradients without the bias-add pass
 //   forward and the bias-gradient pass backward. Only for a convolution with a bias whose
 //   output goes to nothing but the batch norm. ResNet-18 on an H200: +2.9% images/s channels-last
-//   bf16, +3.4% float32. Environment: TANDEM_FUSE_CONV_BIAS=0 turns it off.
+//   bf16, +3.4% float32. Likewise a Sequential's Conv2d followed by an activation and a pooling
+//   module fused by fuse_activation_pool(): the activation + pooling op adds the bias as it
+//   reads the conv's output (Note [conv bias in activation + pooling] in kernels/ops.h; LeNet's
+//   second convolution, whose forward is cuDNN's). Environment: TANDEM_FUSE_CONV_BIAS=0 turns
+//   both off.
 void set_fuse_conv_bias(bool on);
 bool fuse_conv_bias();
 // fuse_linear_activation (default true): a Sequential's Linear followed by a ReLU or a Sigmoid
