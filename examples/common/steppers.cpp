@@ -201,10 +201,12 @@ class SingleDeviceStepper final : public Stepper {
   // Note [the step's batch buffers]: the batch's images and labels are gathered into two
   // tensors made at the first step and kept, not into new ones each step. In a replayed LeNet
   // step the images' gather into a tensor the graph allocated started some 6 us after the node
-  // before it ended; into memory that outlives the graph it is a kernel like the others. Only
-  // batches of the first batch's size use them (an epoch's last, smaller batch runs eagerly on
-  // tensors of its own), so the graph's addresses never change. Made outside any capture: the
-  // warm-up steps come first.
+  // before it ended, whether that node was a memcpy or a kernel, while the labels' gather beside
+  // it started at once; writing into memory that outlives the graph takes the allocation out of
+  // the graph's first nodes (docs/09 says what was measured). Only batches of the first
+  // batch's size use them (an epoch's last, smaller batch runs eagerly on tensors of its own),
+  // so the graph's addresses never change. Made outside any capture: the warm-up steps come
+  // first.
   void keep_batch_buffers(const data::TensorDataset& data, int64_t rows) {
     if (batch_x_.defined() || is_current_stream_capturing(data.device())) return;
     batch_x_ = empty(rows_of(data.images(), rows), data.images().dtype(), data.device());
