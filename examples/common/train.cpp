@@ -75,7 +75,6 @@ namespace {
 // they stop together, a signal waiting for the next check.
 constexpr int64_t kDefaultCheckEvery = 100;
 
-//
 // Note [the loss window inside the step]: that copy is one small kernel between two steps, the
 // only launch between two replays of a step's CUDA graph (LeNet: 0.6 us of a kernel in the
 // 5 us from one replay's end to the next one's start). A stepper that can
