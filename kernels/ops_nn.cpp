@@ -420,6 +420,9 @@ Tensor index_select(const Tensor& x, const Tensor& index, const Tensor& into) {
   Shape shape = x.shape();
   shape[0] = index.size(0);
   Tensor out = output_into("index_select", into, shape, x, "into");
+  TANDEM_CHECK(!into.defined() || (into.storage() != x.storage() && into.storage() != index.storage()), Value,
+               "index_select: into shares its memory with the input or the index (rows would be read after "
+               "they are written)");
   backend_for(x.device()).index_select(x.contiguous(), index.contiguous(), out);
   return out;
 }
@@ -449,6 +452,8 @@ void index_add_(const Tensor& out, const Tensor& index, const Tensor& src) {
   check_same_device("index_add_", {&out, &src});
   check_same_dtype("index_add_", {&out, &src});
   TANDEM_CHECK(out.is_contiguous(), Shape, "index_add_: out ", shape_str(out.shape()), " is not packed");
+  TANDEM_CHECK(out.storage() != src.storage() && out.storage() != index.storage(), Value,
+               "index_add_: out shares its memory with src or the index");
   backend_for(out.device()).index_add(src.contiguous(), index.contiguous(), out);
 }
 

@@ -115,6 +115,8 @@ TEST_CASE("cpu index_select and index_add", "[kernels]") {
   REQUIRE_THROWS_AS(kernels::index_add_(zeros({5, 3}), from_vector<int64_t>({0}, {1}), zeros({1, 3}, kFloat64)),
                     DTypeError);
   REQUIRE_THROWS_AS(kernels::index_add_(zeros({5, 3}), from_vector<int64_t>({0}, {1}), zeros({1, 2})), ShapeError);
+  const Tensor out5 = zeros({5, 3});
+  REQUIRE_THROWS_AS(kernels::index_add_(out5, from_vector<int64_t>({0}, {1}), out5.slice(0, 4, 5)), ValueError);
   Tensor x = rnd({4, 2}, kFloat32);
   {  // into: the rows written where the caller says, the same values; a wrong one named
     const Tensor idx = from_vector<int64_t>({3, 1, 3}, {3});
@@ -125,6 +127,7 @@ TEST_CASE("cpu index_select and index_add", "[kernels]") {
     REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({2, 2}, kFloat32)), ShapeError);
     REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({2, 3}, kFloat32).transpose(0, 1)), ShapeError);  // not packed
     REQUIRE_THROWS_AS(kernels::index_select(x, idx, empty({3, 2}, kFloat64)), DTypeError);
+    REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({3, 1, 3, 0}, {4}), x), ValueError);  // itself
   }
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({0, 4}, {2})), ValueError);
   REQUIRE_THROWS_AS(kernels::index_select(x, from_vector<int64_t>({-1}, {1})), ValueError);
