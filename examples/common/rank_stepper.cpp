@@ -84,15 +84,19 @@ std::shared_ptr<data::DistributedSampler> RankStepper::sampler(int64_t n, bool t
 void RankStepper::step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
                        const Tensor& loss_sum, const Tensor& correct) {
   const int64_t rows = index.size(0);
-  if (rows == 0) return empty_step(data);
+  if (rows == 0) return empty_step(data, loss_sum);
   last_index_ = index;
   if (trace_ && traced_steps_++ == kTracedSteps) group_->set_trace(nullptr);
   trace_now_ = trace_ && traced_steps_ <= kTracedSteps ? trace_.get() : nullptr;
   // Note [loss scaling for uneven shards] (parallel/trainer.cpp): DDP, ZeRO and FSDP average
   // the ranks' gradients, so the shard's mean loss is weighted by world * rows / global_rows;
   // the average is then the gradient of the global batch's mean loss, as on one process.
-  scale_.fill_(static_cast<double>(group_->size()) * static_cast<double>(rows) / static_cast<double>(global_rows));
-  graph_({index}, {data.images(), data.labels(), loss_sum, correct, scale_});
+  const double scale = static_cast<double>(group_->size()) * static_cast<double>(rows) / static_cast<double>(global_rows);
+  if (scale != scale_value_) {
+    scale_.fill_(scale);
+    scale_value_ = scale;
+  }
+  graph_({index}, loss_log_.with({data.images(), data.labels(), loss_sum, correct, scale_}));
   after_step();
 }
 
@@ -115,6 +119,7 @@ void RankStepper::train_step(const Tensor& index, const data::TensorDataset& dat
   span = {};
   kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
   kernels::count_correct(logits.detach(), b.y, correct);
+  loss_log_.append(loss_sum);
 }
 
 // Note [an empty shard]: when the global batch is not a multiple of the world size, the last
@@ -124,7 +129,7 @@ void RankStepper::train_step(const Tensor& index, const data::TensorDataset& dat
 // runs a stand-in, eagerly: two rows of its previous batch with the loss weighted by 0, and puts
 // its buffers back afterwards so they do not see the stand-in. The first batch of an epoch
 // always gives every rank a row (batch_size >= world size), so a previous batch exists.
-void RankStepper::empty_step(const data::TensorDataset& data) {
+void RankStepper::empty_step(const data::TensorDataset& data, const Tensor& loss_sum) {
   TANDEM_CHECK(last_index_.defined(), Value, "data-parallel stepper: this rank's first batch is empty");
   const int64_t n = std::min<int64_t>(2, last_index_.size(0));
   const data::Batch b = data.get(last_index_.slice(0, 0, n));
@@ -136,6 +141,7 @@ void RankStepper::empty_step(const data::TensorDataset& data) {
   mul(loss, 0.0).backward();
   optimizer_step();
   for (size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(saved[k]);
+  loss_log_.append(loss_sum);  // the sum as it was: this rank added no rows
   after_step();
 }
 

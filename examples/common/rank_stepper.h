@@ -38,6 +38,12 @@ class RankStepper : public Stepper {
   void step(const data::TensorDataset& data, const Tensor& index, int64_t global_rows,
             const Tensor& loss_sum, const Tensor& correct) override;
   void sum_across_processes(const Tensor& t) override;
+  // Note [the loss window inside the step] (train.cpp): appended at the end of every step, the
+  // stand-in of an empty shard's too.
+  bool append_loss_sums(const Tensor& log, const Tensor& cursor) override {
+    loss_log_.set(log, cursor);
+    return true;
+  }
   // The captured optimizer state may have been replaced: the next step captures again.
   void after_load() override { graph_.invalidate(); }
   void write_trace(const std::string& path) override;
@@ -63,12 +69,14 @@ class RankStepper : public Stepper {
  private:
   void train_step(const Tensor& index, const data::TensorDataset& data, const Tensor& loss_sum,
                   const Tensor& correct, const Tensor& scale);
-  void empty_step(const data::TensorDataset& data);
+  void empty_step(const data::TensorDataset& data, const Tensor& loss_sum);
 
   uint64_t seed_;
   bool graphed_;
   Tensor last_index_;  // this rank's previous batch (Note [an empty shard])
   Tensor scale_;       // this step's loss scale, on the device (Note [a CUDA graph per DDP rank])
+  double scale_value_ = -1;  // what scale_ holds (a fill only when it changes: one launch fewer between replays)
+  LossLog loss_log_;
   std::unique_ptr<parallel::Trace> trace_;
   parallel::Trace* trace_now_ = nullptr;  // the trace while this step is traced
   int64_t traced_steps_ = 0;

@@ -39,6 +39,22 @@ class FunctionModule final : public nn::Module {
   std::function<Tensor(const Tensor&)> fn_;
 };
 
+// The driver's loss log and cursor as a stepper that appends to them itself holds them (Note
+// [the loss window inside the step] in train.cpp; Stepper::append_loss_sums).
+class LossLog {
+ public:
+  void set(const Tensor& log, const Tensor& cursor);
+  bool on() const { return log_.defined(); }
+  // log[cursor] += loss_sum, then ++cursor, on the current stream (graph-safe); nothing when off.
+  void append(const Tensor& loss_sum) const;
+  // The step's fixed tensors (Note [fixed tensors of a step] in core/cuda_graph.h) with the log
+  // and the cursor added when on: their addresses are in a captured step.
+  std::vector<Tensor> with(std::vector<Tensor> fixed) const;
+
+ private:
+  Tensor log_, cursor_, one_;
+};
+
 class Stepper {
  public:
   virtual ~Stepper() = default;

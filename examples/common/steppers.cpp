@@ -35,6 +35,26 @@ std::optional<AutocastWeights> make_autocast_weights(const TrainConfig& cfg, con
   return AutocastWeights::if_fits(params);
 }
 
+void LossLog::set(const Tensor& log, const Tensor& cursor) {
+  log_ = log;
+  cursor_ = cursor;
+  one_ = ones({1}, kInt64, cursor.device());
+}
+
+void LossLog::append(const Tensor& loss_sum) const {
+  if (!on()) return;
+  kernels::index_add_(log_, cursor_, loss_sum.reshape({1}).to(kFloat64));
+  kernels::axpby_(1.0, one_, 1.0, cursor_);
+}
+
+std::vector<Tensor> LossLog::with(std::vector<Tensor> fixed) const {
+  if (on()) {
+    fixed.push_back(log_);
+    fixed.push_back(cursor_);
+  }
+  return fixed;
+}
+
 std::unique_ptr<nn::optim::Optimizer> make_optimizer(const TrainConfig& cfg,
                                                      std::vector<Tensor> params, bool capturable) {
   if (cfg.optimizer == "adam")
@@ -112,20 +132,13 @@ class SingleDeviceStepper final : public Stepper {
 
   void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
             const Tensor& correct) override {
-    // The loss log and its cursor are fixed tensors of the graph too (their addresses in it).
-    if (loss_log_.defined()) {
-      graph_({index}, {data.images(), data.labels(), loss_sum, correct, loss_log_, loss_cursor_});
-    } else {
-      graph_({index}, {data.images(), data.labels(), loss_sum, correct});
-    }
+    graph_({index}, loss_log_.with({data.images(), data.labels(), loss_sum, correct}));
   }
 
   // Note [the loss window inside the step] (train.cpp): appended on the side stream, beside the
   // backward, after the loss is added to the epoch's sum.
   bool append_loss_sums(const Tensor& log, const Tensor& cursor) override {
-    loss_log_ = log;
-    loss_cursor_ = cursor;
-    one_ = ones({1}, kInt64, cursor.device());
+    loss_log_.set(log, cursor);
     return true;
   }
 
@@ -177,10 +190,7 @@ class SingleDeviceStepper final : public Stepper {
     {
       const StreamGuard on_side(side_stream_);
       kernels::axpby_(static_cast<double>(b.x.size(0)), loss.detach(), 1.0, loss_sum);
-      if (loss_log_.defined()) {
-        kernels::index_add_(loss_log_, loss_cursor_, loss_sum.reshape({1}).to(kFloat64));
-        kernels::axpby_(1.0, one_, 1.0, loss_cursor_);
-      }
+      loss_log_.append(loss_sum);
       kernels::count_correct(logits.detach(), b.y, correct);
       sums_done_.record(side_stream_);
     }
@@ -216,7 +226,7 @@ class SingleDeviceStepper final : public Stepper {
   std::shared_ptr<nn::Module> model_;
   parallel::FlatBuffer grads_;
   Tensor batch_x_, batch_y_;  // Note [the step's batch buffers]
-  Tensor loss_log_, loss_cursor_, one_;  // Note [the loss window inside the step]
+  LossLog loss_log_;  // Note [the loss window inside the step]
   std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
   // The step's side stream on a GPU (the current stream on a CPU): the labels' gather and the

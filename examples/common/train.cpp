@@ -78,9 +78,10 @@ constexpr int64_t kDefaultCheckEvery = 100;
 // Note [the loss window inside the step]: that copy is one small kernel between two steps, the
 // only launch between two replays of a step's CUDA graph (LeNet: 0.6 us of a kernel in the
 // 5 us from one replay's end to the next one's start). A stepper that can
-// (Stepper::append_loss_sums) appends the sum itself, inside its graph, at a cursor on the
-// device, beside its backward; the window is then zeroed after each check (the append adds into
-// it) and its cursor reset. The driver still counts the steps.
+// (Stepper::append_loss_sums: the one-device step, beside its backward; a data-parallel rank,
+// at the end of its step and of an empty shard's stand-in) appends the sum itself, inside its
+// graph, at a cursor on the device (examples' LossLog); the window is then zeroed after each
+// check (the append adds into it) and its cursor reset. The driver still counts the steps.
 class LossWindow {
  public:
   LossWindow(int64_t steps, Device d)

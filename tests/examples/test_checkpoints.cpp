@@ -374,5 +374,27 @@ TEST_CASE("two processes: a run cut at a random checkpoint and resumed ends as t
   REQUIRE(!left.empty());
   CHECK(tandem::nn::read_training_checkpoint(left.back().second).step == left.back().first);
 }
+
+// The same in a job of two processes: each rank appends its own sums inside its step (an empty
+// shard's stand-in too), and the window is summed over the ranks at each check.
+TEST_CASE("two processes: the loss window names the first bad step, read every step or every 100",
+          "[examples][checkpoint][dist]") {
+  TempDir dir;
+  write_tiny_dataset(dir.path());
+  ::setenv("TANDEM_DIST_TIMEOUT", "20", 1);
+  const std::string launch = std::string("--standalone --grace-seconds 20 --nproc-per-node 2 ") + TANDEM_LENET_PATH;
+  const std::string flags = " --data " + dir.path().string() +
+                            " --device cpu --batch-size 8 --test-limit 16 --no-progress --epochs 3 --activation relu --lr 1e6";
+  const auto verdict = [&](const std::string& more, const std::string& log) {
+    REQUIRE(run(TANDEM_RUN_PATH, launch + flags + more, dir.file(log)) != 0);
+    const std::string out = read_text(dir.file(log));
+    INFO(out);
+    const size_t at = out.find(" not finite at epoch ");
+    REQUIRE(at != std::string::npos);
+    return out.substr(at, out.find(')', at) - at);
+  };
+  const std::string every_step = verdict(" --checkpoint-every 1 --checkpoint " + (dir.path() / "c").string(), "1.log");
+  CHECK(verdict("", "100.log") == every_step);
+}
 #endif
 #endif
