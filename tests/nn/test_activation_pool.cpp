@@ -79,6 +79,31 @@ Run run(const Tensor& z0, const Tensor& dy, Activation act, PoolMode mode, const
   return r;
 }
 
+// Every dtype, activation, mode and window of the tests that compare the fused op with the
+// composed one, each with its name for the failure messages.
+struct Case {
+  DType dt;
+  Activation act;
+  PoolMode mode;
+  Pool2dParams p;
+  std::string name() const {
+    return detail::str(dtype_name(dt), " act ", static_cast<int>(act), " mode ", static_cast<int>(mode), " kernel ",
+                       p.kernel_h, "x", p.kernel_w, " stride ", p.stride_h, " pad ", p.pad_h);
+  }
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (Activation act : kActivations) {
+      for (PoolMode mode : kModes) {
+        for (const Pool2dParams& p : kParams) all.push_back({dt, act, mode, p});
+      }
+    }
+  }
+  return all;
+}
+
 }  // namespace
 
 TEST_CASE("gradcheck activation_pool2d", "[autograd]") {
@@ -102,46 +127,43 @@ TEST_CASE("activation_pool2d is pooling of the activation, forward and backward"
     v[5] = std::numeric_limits<double>::quiet_NaN();
     return from_vector(v, {3, 2, 8, 9});
   }();
-  for (DType dt : {kFloat32, kFloat64}) {
-    for (Activation act : kActivations) {
-      for (PoolMode mode : kModes) {
-        for (const Pool2dParams& p : kParams) {
-          INFO(dtype_name(dt) << " act " << static_cast<int>(act) << " mode " << static_cast<int>(mode) << " kernel "
-                              << p.kernel_h << "x" << p.kernel_w << " stride " << p.stride_h << " pad " << p.pad_h);
-          const Tensor z = uniform({3, 2, 8, 9}, -2.0, 2.0, dt);
-          const Tensor zt = ties.to(dt);
-          const Shape ys = kernels::pool2d(PoolMode::Avg, z, p).shape();
-          const Tensor dy = uniform(ys, -1.0, 1.0, dt);
-          for (const Tensor* input : {&z, &zt}) {
-            // The CPU composes the two ops: the same bits.
-            const Run want = run(*input, dy, act, mode, p, false);
-            const Run fused = run(*input, dy, act, mode, p, true);
-            CHECK(same_values(fused.y, want.y));
-            CHECK(same_values(fused.dz, want.dz));
-            if (!test::have_cuda()) continue;
-            // CUDA, fused kernels or composed, within rounding of the CPU; the first maximum
-            // and a NaN's window route the gradient exactly as there.
-            const Device g = Device::cuda(0);
-            const Run got = run(input->to(g), dy.to(g), act, mode, p, true);
-            const Run plain = run(input->to(g), dy.to(g), act, mode, p, false);
-            const double t = dt == kFloat32 ? 1e-6 : 1e-14;
-            const auto close = [t](const Tensor& a, const Tensor& b) {
-              const std::vector<double> va = values(a), vb = values(b);
-              REQUIRE(va.size() == vb.size());
-              for (size_t i = 0; i < va.size(); ++i) {
-                if (std::isnan(vb[i])) {
-                  REQUIRE(std::isnan(va[i]));
-                } else {
-                  REQUIRE(std::abs(va[i] - vb[i]) <= t * std::max(1.0, std::abs(vb[i])));
-                }
-              }
-            };
-            close(got.y, want.y);
-            close(got.dz, want.dz);
-            close(plain.dz, got.dz);
+  for (const Case& c : cases()) {
+    INFO(c.name());
+    const DType dt = c.dt;
+    const Activation act = c.act;
+    const PoolMode mode = c.mode;
+    const Pool2dParams& p = c.p;
+    const Tensor z = uniform({3, 2, 8, 9}, -2.0, 2.0, dt);
+    const Tensor zt = ties.to(dt);
+    const Shape ys = kernels::pool2d(PoolMode::Avg, z, p).shape();
+    const Tensor dy = uniform(ys, -1.0, 1.0, dt);
+    for (const Tensor* input : {&z, &zt}) {
+      // The CPU composes the two ops: the same bits.
+      const Run want = run(*input, dy, act, mode, p, false);
+      const Run fused = run(*input, dy, act, mode, p, true);
+      CHECK(same_values(fused.y, want.y));
+      CHECK(same_values(fused.dz, want.dz));
+      if (!test::have_cuda()) continue;
+      // CUDA, fused kernels or composed, within rounding of the CPU; the first maximum
+      // and a NaN's window route the gradient exactly as there.
+      const Device g = Device::cuda(0);
+      const Run got = run(input->to(g), dy.to(g), act, mode, p, true);
+      const Run plain = run(input->to(g), dy.to(g), act, mode, p, false);
+      const double t = dt == kFloat32 ? 1e-6 : 1e-14;
+      const auto close = [t](const Tensor& a, const Tensor& b) {
+        const std::vector<double> va = values(a), vb = values(b);
+        REQUIRE(va.size() == vb.size());
+        for (size_t i = 0; i < va.size(); ++i) {
+          if (std::isnan(vb[i])) {
+            REQUIRE(std::isnan(va[i]));
+          } else {
+            REQUIRE(std::abs(va[i] - vb[i]) <= t * std::max(1.0, std::abs(vb[i])));
           }
         }
-      }
+      };
+      close(got.y, want.y);
+      close(got.dz, want.dz);
+      close(plain.dz, got.dz);
     }
   }
 }
@@ -197,27 +219,24 @@ TEST_CASE("activation_pool2d and its backward name the shapes at fault", "[kerne
 // Note [conv bias in activation + pooling] (kernels/ops.h): a convolution's bias added by the
 // activation + pooling op as it reads z, forward and backward.
 TEST_CASE("activation_pool2d with a conv's bias is pooling of the activation of z + bias", "[nn][cuda]") {
-  for (DType dt : {kFloat32, kFloat64}) {
-    for (Activation act : kActivations) {
-      for (PoolMode mode : kModes) {
-        for (const Pool2dParams& p : kParams) {
-          INFO(dtype_name(dt) << " act " << static_cast<int>(act) << " mode " << static_cast<int>(mode) << " kernel "
-                              << p.kernel_h << "x" << p.kernel_w << " stride " << p.stride_h << " pad " << p.pad_h);
-          const Tensor z = uniform({3, 4, 8, 9}, -2.0, 2.0, dt), bias = uniform({4}, -1.0, 1.0, dt);
-          const Tensor dy = uniform(kernels::pool2d(PoolMode::Avg, z, p).shape(), -1.0, 1.0, dt);
-          for (const Device d : test::test_devices()) {
-            INFO("on " << d.str());
-            const Tensor zd = z.to(d), bd = bias.to(d), dyd = dy.to(d);
-            // The bias added first by the add op: on every backend the same add, the same bits.
-            const Tensor a = kernels::binary(BinaryOp::Add, zd, bd.reshape({1, 4, 1, 1}));
-            const Tensor want = kernels::activation_pool2d(a, act, mode, p);
-            const Tensor got = kernels::activation_pool2d(zd, act, mode, p, bd);
-            CHECK(same_values(got, want));
-            CHECK(same_values(kernels::activation_pool2d_backward(dyd, zd, got, act, mode, p, bd),
-                              kernels::activation_pool2d_backward(dyd, a, want, act, mode, p)));
-          }
-        }
-      }
+  for (const Case& c : cases()) {
+    INFO(c.name());
+    const DType dt = c.dt;
+    const Activation act = c.act;
+    const PoolMode mode = c.mode;
+    const Pool2dParams& p = c.p;
+    const Tensor z = uniform({3, 4, 8, 9}, -2.0, 2.0, dt), bias = uniform({4}, -1.0, 1.0, dt);
+    const Tensor dy = uniform(kernels::pool2d(PoolMode::Avg, z, p).shape(), -1.0, 1.0, dt);
+    for (const Device d : test::test_devices()) {
+      INFO("on " << d.str());
+      const Tensor zd = z.to(d), bd = bias.to(d), dyd = dy.to(d);
+      // The bias added first by the add op: on every backend the same add, the same bits.
+      const Tensor a = kernels::binary(BinaryOp::Add, zd, bd.reshape({1, 4, 1, 1}));
+      const Tensor want = kernels::activation_pool2d(a, act, mode, p);
+      const Tensor got = kernels::activation_pool2d(zd, act, mode, p, bd);
+      CHECK(same_values(got, want));
+      CHECK(same_values(kernels::activation_pool2d_backward(dyd, zd, got, act, mode, p, bd),
+                        kernels::activation_pool2d_backward(dyd, a, want, act, mode, p)));
     }
   }
 }
