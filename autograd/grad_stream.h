@@ -48,6 +48,11 @@ namespace tandem::autograd {
 // On by default on CUDA devices; TANDEM_WGRAD_STREAM=0 or set_weight_grad_stream(false) turns
 // it off (every kernel on the current stream, as before). CPU devices never fork.
 bool weight_grad_stream();
+// The rule above for one backward function: it computes dx (nx), and each weight or bias
+// gradient it computes (nw, nb) has its .grad lent (dw_to, db_to defined: grad_destination).
+inline bool fork_weight_grads(bool nx, bool nw, const Tensor& dw_to, bool nb, const Tensor& db_to) {
+  return nx && (nw || nb) && nw == dw_to.defined() && nb == db_to.defined();
+}
 void set_weight_grad_stream(bool on);
 
 // How many times this process forked (for tests and benchmarks: that the path was taken).

@@ -57,7 +57,7 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
              const Tensor db_to = nb ? autograd::grad_destination(2, {n}, dt, dev) : Tensor();
              // Beside dx on a second stream when both land in .grad (Note [weight gradients on a
              // second stream] in autograd/grad_stream.h).
-             if (nx && (nw || nb) && nw == dw_to.defined() && nb == db_to.defined()) {
+             if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
                kernels::LinearGrads r;
                {
                  const autograd::WeightGradStream side(dev, {g[0], y, x});
@@ -90,7 +90,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
                const Tensor db_to = nb ? autograd::grad_destination(2, {ws[0]}, x.dtype(), x.device()) : Tensor();
                // Beside dx on a second stream when both land in .grad (Note [weight gradients on
                // a second stream] in autograd/grad_stream.h).
-               const bool beside = nx && nw == dw_to.defined() && nb == db_to.defined() &&
+               const bool beside = autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to) &&
                                    kernels::conv2d_backward_weight_into(x, dy);
                std::optional<autograd::WeightGradStream> side;
                if (beside) side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
