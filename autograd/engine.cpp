@@ -284,7 +284,7 @@ void mark_grad_zero(const Tensor& leaf) {  // Note [gradients written in place]
   m->grad_lent = false;
 }
 
-Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device) {
+Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device, bool any_dense) {
   if (running_node == nullptr || t_lent == nullptr || input_nr >= running_node->next_edges.size()) return {};
   const auto* acc = dynamic_cast<const AccumulateGrad*>(running_node->next_edges[input_nr].node.get());
   if (acc == nullptr) return {};
@@ -293,7 +293,8 @@ Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Devi
   AutogradMeta* m = meta_or_null(Tensor(impl));
   if (m == nullptr || !m->grad_zero || m->grad_lent) return {};
   const Tensor& g = m->grad;
-  if (g.shape() != shape || g.dtype() != dtype || g.device() != device || !g.is_contiguous()) return {};
+  if (g.shape() != shape || g.dtype() != dtype || g.device() != device) return {};
+  if (!(any_dense ? g.is_non_overlapping_and_dense() : g.is_contiguous())) return {};
   m->grad_zero = false;
   m->grad_lent = true;
   t_lent->push_back(impl);

@@ -123,9 +123,12 @@ struct AccumulateGrad : Node {
 // - grad_destination(input_nr, ...), called by a backward function while the engine runs it,
 //   returns the .grad of the leaf its input input_nr is (that input's edge leads straight to
 //   the leaf's AccumulateGrad), if it is marked zero and has the shape, dtype, device and
-//   a packed layout asked for; the function then writes the gradient there instead of into a
-//   new tensor and returns that tensor as the input's gradient. Otherwise (not a leaf, no mark,
-//   another layout) it returns an undefined tensor and the function allocates as usual.
+//   layout asked for (packed NCHW-contiguous; or, with any_dense, any non-overlapping dense
+//   layout -- a channels-last weight's .grad is channels-last -- for a caller that writes it
+//   with copy_, which follows the strides); the function then writes the gradient there
+//   instead of into a new tensor and returns that tensor as the input's gradient. Otherwise
+//   (not a leaf, no mark, another layout) it returns an undefined tensor and the function
+//   allocates as usual.
 // - AccumulateGrad, given the lent .grad itself, has nothing to add. Given anything else (the
 //   engine summed the lent tensor with another use of the same leaf, out of place; or a
 //   tensor hook replaced it) it copies that into .grad, which then holds the whole gradient:
@@ -143,7 +146,7 @@ struct AccumulateGrad : Node {
 // norm in training (gamma, beta), and the dtype conversion (an autocast weight's bfloat16
 // gradient cast into its float32 .grad).
 void mark_grad_zero(const Tensor& leaf);
-Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device);
+Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device, bool any_dense = false);
 
 // AutogradMeta of t, created if absent.
 AutogradMeta& meta(const Tensor& t);

@@ -126,8 +126,9 @@ Tensor record_conversion(const Tensor& x, const Tensor& y) {
   if (is_floating(y.dtype()) && autograd::any_requires_grad({&x})) {
     record("ToCopy", {x}, {y}, [src = x.dtype(), xs = x.shape()](TensorList&& g) -> TensorList {
       // An autocast weight's gradient is cast straight into its zeroed .grad (Note [gradients
-      // written in place]): one pass instead of the cast and then the add.
-      if (Tensor to = autograd::grad_destination(0, xs, src, g[0].device()); to.defined()) {
+      // written in place]): one pass instead of the cast and then the add, in whatever dense
+      // layout .grad has (a channels-last weight's is channels-last; copy_ follows strides).
+      if (Tensor to = autograd::grad_destination(0, xs, src, g[0].device(), /*any_dense=*/true); to.defined()) {
         to.copy_(g[0]);
         return {to};
       }

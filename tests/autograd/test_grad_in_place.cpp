@@ -139,6 +139,41 @@ TEST_CASE("an autocast weight's gradient is cast straight into a zeroed FlatBuff
   }
 }
 
+TEST_CASE("a channels-last autocast weight's gradient is cast into its channels-last .grad", "[autograd][grad_in_place][bf16][memory_format]") {
+  // A channels-last model's 4-D weights are channels-last, and so are their views in the
+  // FlatBuffer (split_views keeps a dense tensor's strides): the conversion's backward writes
+  // into that layout too, instead of casting apart and adding.
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    const auto weight = [&] {
+      Generator gen(23);
+      Tensor t = restrided(uniform({4, 3, 3, 3}, -0.5, 0.5, kFloat32, kCPU, &gen).to(d), MemoryFormat::ChannelsLast);
+      t.set_requires_grad();
+      return t;
+    };
+    const auto loss = [&](const Tensor& cw) {
+      AutocastGuard autocast(kBFloat16);
+      Generator gen(29);
+      const Tensor img =
+          restrided(uniform({2, 3, 5, 5}, -1.0, 1.0, kFloat32, kCPU, &gen).to(d), MemoryFormat::ChannelsLast);
+      const Tensor c = conv2d(img, cw, Tensor(), {1, 1, 1, 1});  // [2, 4, 5, 5] bfloat16
+      return sum(mul(c, c));
+    };
+    const Tensor ref = weight();
+    loss(ref).backward();
+    const Tensor cw = weight();
+    REQUIRE(cw.is_contiguous(MemoryFormat::ChannelsLast));
+    REQUIRE_FALSE(cw.is_contiguous());
+    parallel::FlatBuffer fb({cw});
+    REQUIRE(fb.views()[0].is_contiguous(MemoryFormat::ChannelsLast));
+    const std::shared_ptr<bool> lent = zero_and_watch(fb, cw, 0);
+    loss(cw).backward();
+    CHECK(*lent);
+    CHECK(cw.grad().same(fb.views()[0]));
+    CHECK(values(cw.grad()) == values(ref.grad()));
+  }
+}
+
 TEST_CASE("a parameter used twice, a hook that replaces the gradient, set_grad after zero_", "[autograd][grad_in_place]") {
   for (Device d : test::test_devices()) {
     INFO(d.str());
