@@ -125,6 +125,17 @@ class LentGradScope {
   std::vector<std::weak_ptr<TensorImpl>>* prev_;
 };
 
+// The graph this thread's run_backward is running (for weight_grad_destination's look at a
+// conversion's pending gradients); the outer one is restored (a hook may run a nested backward).
+thread_local TaskMap* t_tasks = nullptr;
+struct RunningTasks {
+  explicit RunningTasks(TaskMap* t) : prev(t_tasks) { t_tasks = t; }
+  ~RunningTasks() { t_tasks = prev; }
+  RunningTasks(const RunningTasks&) = delete;
+  RunningTasks& operator=(const RunningTasks&) = delete;
+  TaskMap* prev;
+};
+
 // The node whose backward function this thread is running (for grad_destination).
 thread_local Node* running_node = nullptr;
 struct RunningNode {
@@ -200,6 +211,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   WeightGradStreamScope side_streams;
 
   TaskMap tasks;
+  const RunningTasks running_tasks(&tasks);
   std::vector<Node*> root_nodes;
   std::vector<std::pair<Edge, Tensor>> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -284,21 +296,67 @@ void mark_grad_zero(const Tensor& leaf) {  // Note [gradients written in place]
   m->grad_lent = false;
 }
 
-Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device, bool any_dense) {
-  if (running_node == nullptr || t_lent == nullptr || input_nr >= running_node->next_edges.size()) return {};
-  const auto* acc = dynamic_cast<const AccumulateGrad*>(running_node->next_edges[input_nr].node.get());
-  if (acc == nullptr) return {};
-  const std::shared_ptr<TensorImpl> impl = acc->leaf.lock();
-  if (!impl) return {};
-  AutogradMeta* m = meta_or_null(Tensor(impl));
+namespace {
+
+// The leaf whose AccumulateGrad input input_nr of node n leads to, and its meta; null when it is not one.
+std::pair<std::shared_ptr<TensorImpl>, AutogradMeta*> leaf_at(const Node& n, uint32_t input_nr) {
+  if (input_nr >= n.next_edges.size()) return {};
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(n.next_edges[input_nr].node.get());
+  std::shared_ptr<TensorImpl> impl = acc != nullptr ? acc->leaf.lock() : nullptr;
+  AutogradMeta* m = impl ? meta_or_null(Tensor(impl)) : nullptr;
+  return {m != nullptr ? std::move(impl) : nullptr, m};
+}
+
+// grad_destination's lending, for node n's input input_nr (dtype null: the leaf's own).
+Tensor lend(const Node& n, uint32_t input_nr, const Shape& shape, const DType* dtype, Device device, bool any_dense) {
+  if (t_lent == nullptr) return {};
+  auto [impl, m] = leaf_at(n, input_nr);
   if (m == nullptr || !m->grad_zero || m->grad_lent) return {};
   const Tensor& g = m->grad;
-  if (g.shape() != shape || g.dtype() != dtype || g.device() != device) return {};
+  if (g.shape() != shape || (dtype != nullptr && g.dtype() != *dtype) || g.device() != device) return {};
   if (!(any_dense ? g.is_non_overlapping_and_dense() : g.is_contiguous())) return {};
   m->grad_zero = false;
   m->grad_lent = true;
   t_lent->push_back(impl);
   return g;
+}
+
+}  // namespace
+
+Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device, bool any_dense) {
+  if (running_node == nullptr) return {};
+  return lend(*running_node, input_nr, shape, &dtype, device, any_dense);
+}
+
+Tensor weight_grad_destination(uint32_t input_nr, const Shape& shape, Device device) {
+  if (running_node == nullptr || input_nr >= running_node->next_edges.size()) return {};
+  Node* next = running_node->next_edges[input_nr].node.get();
+  if (next == nullptr || !next->dtype_conversion) {
+    const DType* any = nullptr;  // a leaf used straight is of the input's own dtype
+    return lend(*running_node, input_nr, shape, any, device, /*any_dense=*/true);
+  }
+  // Through the conversion only when this gradient will be all it receives, unseen by hooks.
+  if (t_tasks == nullptr || !next->tensor_hooks.empty() || !next->retained_grads.empty()) return {};
+  const auto it = t_tasks->find(next);
+  if (it == t_tasks->end() || it->second.dependencies != 1 || any_defined(it->second.grads)) return {};
+  const DType* leaf_dtype = nullptr;
+  return lend(*next, 0, shape, leaf_dtype, device, /*any_dense=*/true);
+}
+
+Tensor direct_destination(const Tensor& to, DType dtype) {
+  return to.defined() && to.dtype() == dtype && to.is_contiguous() ? to : Tensor();
+}
+
+Tensor written_into(const Tensor& g, const Tensor& to) {
+  if (!to.defined() || !g.defined()) return g;
+  if (!g.same(to)) to.copy_(g);
+  return to;
+}
+
+bool is_lent_grad(uint32_t input_nr, const Tensor& g) {
+  if (running_node == nullptr || !g.defined()) return false;
+  const auto [impl, m] = leaf_at(*running_node, input_nr);
+  return m != nullptr && m->grad_lent && m->grad.same(g);
 }
 
 }  // namespace tandem::autograd

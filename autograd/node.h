@@ -55,6 +55,9 @@ struct Node : std::enable_shared_from_this<Node> {
   // Outputs that keep their gradient (Tensor::retain_grad): after the tensor hooks, the
   // gradient of output `first` is added into the tensor's .grad, if the tensor still exists.
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained_grads;
+  // The dtype conversion's node (`to`): one input, whose gradient is the output's cast back.
+  // weight_grad_destination looks through it (Note [gradients written in place]).
+  bool dtype_conversion = false;
   // Recorded only in anomaly mode (autograd/anomaly.h): the forward op and its input shapes,
   // so that a NaN in this node's backward can name what created the node.
   std::string anomaly_forward;
@@ -145,8 +148,30 @@ struct AccumulateGrad : Node {
 // forward). Backward functions that use it: linear (and linear + activation), conv2d, batch
 // norm in training (gamma, beta), and the dtype conversion (an autocast weight's bfloat16
 // gradient cast into its float32 .grad).
+//
+// - An autocast weight reaches its layer through the dtype conversion's node (a bfloat16 copy
+//   of a float32 leaf), so the layer's kernels cannot write the leaf's .grad, another dtype:
+//   the conversion's backward casts the layer's gradient into it afterwards. A layer's backward
+//   function asks weight_grad_destination(input_nr, shape, device) instead: the .grad its input
+//   input_nr's gradient ends in, lent as grad_destination lends it (any dense layout), reached
+//   straight or through one dtype conversion of which this gradient is the only one (no other
+//   node of this backward feeds it, nothing has arrived there, no hook on it). The function
+//   writes its gradient into that tensor itself -- its kernels directly where dtype and layout
+//   allow (direct_destination), else by copy_ from their result (written_into) -- and returns
+//   the tensor, which the conversion passes on unchanged (is_lent_grad). The whole of a
+//   weight's gradient is then written by one backward function, which may run all of it on the
+//   side stream (Note [weight gradients on a second stream] in autograd/grad_stream.h). The
+//   values are the same bits: the same kernels and the same cast, in another place.
 void mark_grad_zero(const Tensor& leaf);
 Tensor grad_destination(uint32_t input_nr, const Shape& shape, DType dtype, Device device, bool any_dense = false);
+Tensor weight_grad_destination(uint32_t input_nr, const Shape& shape, Device device);
+// `to` when a kernel computing in `dtype` can write it directly (that dtype, packed NCHW-contiguous), else undefined.
+Tensor direct_destination(const Tensor& to, DType dtype);
+// g delivered into `to` (copy_, unless g is `to` already) and `to` returned; g when `to` is undefined.
+Tensor written_into(const Tensor& g, const Tensor& to);
+// For the dtype conversion's backward: whether g is the lent .grad of the leaf at the running
+// node's input input_nr (written there by the layer after the conversion).
+bool is_lent_grad(uint32_t input_nr, const Tensor& g);
 
 // AutogradMeta of t, created if absent.
 AutogradMeta& meta(const Tensor& t);

@@ -50,23 +50,32 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
            [nx, nw, nb, act, k = x.size(1), n = w.size(0), x = nw ? saved(x) : Tensor(),
             w = nx ? saved(w) : Tensor(),
             y = act != Activation::None ? saved(y) : Tensor()](TensorList&& g) -> TensorList {
-             // Straight into the leaves' zeroed .grad where it can (Note [gradients written in place]).
+             // Into the leaves' zeroed .grad where it can, also through an autocast weight's
+             // conversion (Note [gradients written in place]).
              const DType dt = g[0].dtype();
              const Device dev = g[0].device();
-             const Tensor dw_to = nw ? autograd::grad_destination(1, {n, k}, dt, dev) : Tensor();
-             const Tensor db_to = nb ? autograd::grad_destination(2, {n}, dt, dev) : Tensor();
+             const Tensor dw_to = nw ? autograd::weight_grad_destination(1, {n, k}, dev) : Tensor();
+             const Tensor db_to = nb ? autograd::weight_grad_destination(2, {n}, dev) : Tensor();
+             const auto weight_grads = [&](bool with_dx) {
+               kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, with_dx, nw, nb,
+                                                                 autograd::direct_destination(dw_to, dt),
+                                                                 autograd::direct_destination(db_to, dt));
+               r.dw = autograd::written_into(r.dw, dw_to);
+               r.db = autograd::written_into(r.db, db_to);
+               return r;
+             };
              // Beside dx on a second stream when both land in .grad (Note [weight gradients on a
              // second stream] in autograd/grad_stream.h).
              if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
                kernels::LinearGrads r;
                {
                  const autograd::WeightGradStream side(dev, {g[0], y, x});
-                 r = kernels::linear_backward(g[0], y, x, w, act, k, false, nw, nb, dw_to, db_to);
+                 r = weight_grads(false);
                }
                r.dx = kernels::linear_backward(g[0], y, x, w, act, k, true, false, false).dx;
                return {r.dx, r.dw, r.db};
              }
-             kernels::LinearGrads r = kernels::linear_backward(g[0], y, x, w, act, k, nx, nw, nb, dw_to, db_to);
+             kernels::LinearGrads r = weight_grads(nx);
              return {r.dx, r.dw, r.db};
            });
   }
@@ -85,16 +94,22 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
              const Tensor& dy = g[0];  // in any layout: the kernels:: op picks the memory format
              Tensor gw, gb;
              if (nw || nb) {
-               // Note [gradients written in place]
-               const Tensor dw_to = nw ? autograd::grad_destination(1, ws, x.dtype(), x.device()) : Tensor();
-               const Tensor db_to = nb ? autograd::grad_destination(2, {ws[0]}, x.dtype(), x.device()) : Tensor();
+               // Into the leaves' zeroed .grad, also through an autocast weight's conversion
+               // (Note [gradients written in place]): by the kernels where dtype and layout
+               // allow, else copied there from their result.
+               const Tensor dw_to = nw ? autograd::weight_grad_destination(1, ws, x.device()) : Tensor();
+               const Tensor db_to = nb ? autograd::weight_grad_destination(2, {ws[0]}, x.device()) : Tensor();
                // Beside dx on a second stream when both land in .grad (Note [weight gradients on
                // a second stream] in autograd/grad_stream.h).
-               const bool beside = autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to) &&
-                                   kernels::conv2d_backward_weight_into(x, dy);
                std::optional<autograd::WeightGradStream> side;
-               if (beside) side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
-               std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb, dw_to, db_to);
+               if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
+                 side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
+               }
+               std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb,
+                                                                  autograd::direct_destination(dw_to, x.dtype()),
+                                                                  autograd::direct_destination(db_to, x.dtype()));
+               gw = autograd::written_into(gw, dw_to);
+               gb = autograd::written_into(gb, db_to);
              }
              Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
              return {gx, nw ? gw : Tensor(), gb};

@@ -124,16 +124,21 @@ namespace {
 // The dtype conversion's node from x to y, y holding x's values in another dtype.
 Tensor record_conversion(const Tensor& x, const Tensor& y) {
   if (is_floating(y.dtype()) && autograd::any_requires_grad({&x})) {
-    record("ToCopy", {x}, {y}, [src = x.dtype(), xs = x.shape()](TensorList&& g) -> TensorList {
-      // An autocast weight's gradient is cast straight into its zeroed .grad (Note [gradients
-      // written in place]): one pass instead of the cast and then the add, in whatever dense
-      // layout .grad has (a channels-last weight's is channels-last; copy_ follows strides).
+    auto node = std::make_shared<autograd::FunctionNode>("ToCopy", [src = x.dtype(), xs = x.shape()](TensorList&& g) -> TensorList {
+      // Already cast into the leaf's .grad by the layer that used the copy (Note [gradients
+      // written in place], weight_grad_destination): passed on as it is.
+      if (autograd::is_lent_grad(0, g[0])) return {g[0]};
+      // An autocast weight's gradient is cast straight into its zeroed .grad: one pass instead
+      // of the cast and then the add, in whatever dense layout .grad has (a channels-last
+      // weight's is channels-last; copy_ follows strides).
       if (Tensor to = autograd::grad_destination(0, xs, src, g[0].device(), /*any_dense=*/true); to.defined()) {
         to.copy_(g[0]);
         return {to};
       }
       return {g[0].to(src)};
     });
+    node->dtype_conversion = true;
+    autograd::record(std::move(node), {x}, {y});
   }
   return y;
 }

@@ -174,6 +174,51 @@ TEST_CASE("a channels-last autocast weight's gradient is cast into its channels-
   }
 }
 
+TEST_CASE("a conversion used by two layers, or hooked, is not looked through", "[autograd][grad_in_place][bf16]") {
+  // weight_grad_destination looks through a dtype conversion only when the layer's gradient is
+  // all the conversion receives and no hook sees it: here one bfloat16 copy feeds two linear
+  // layers (the engine sums their bfloat16 gradients before the cast), then a hook on the copy
+  // must see a bfloat16 gradient.
+  for (Device d : test::test_devices()) {
+    INFO(d.str());
+    const auto weight = [&] {
+      Generator gen(31);
+      Tensor t = uniform({3, 4}, -0.5, 0.5, kFloat32, kCPU, &gen).to(d);
+      t.set_requires_grad();
+      return t;
+    };
+    Generator gen(37);
+    const Tensor x1 = uniform({5, 4}, -1.0, 1.0, kFloat32, kCPU, &gen).to(d).to(kBFloat16);
+    const Tensor x2 = uniform({6, 4}, -1.0, 1.0, kFloat32, kCPU, &gen).to(d).to(kBFloat16);
+    const auto loss = [&](const Tensor& w, bool hook, DType* seen) {
+      const Tensor wb = to(w, kBFloat16);
+      if (hook) {
+        wb.register_hook([seen](const Tensor& g) {
+          *seen = g.dtype();
+          return Tensor();
+        });
+      }
+      const Tensor y1 = linear(x1, wb, Tensor()), y2 = hook ? Tensor() : linear(x2, wb, Tensor());
+      return hook ? sum(mul(y1, y1)) : add(sum(mul(y1, y1)), sum(mul(y2, y2)));
+    };
+    for (const bool hook : {false, true}) {
+      INFO((hook ? "hooked" : "used twice"));
+      DType seen = kFloat64;
+      const Tensor ref = weight();
+      loss(ref, hook, &seen).backward();
+      const Tensor w = weight();
+      parallel::FlatBuffer fb({w});
+      fb.attach();
+      fb.zero_();
+      seen = kFloat64;
+      loss(w, hook, &seen).backward();
+      CHECK(values(w.grad()) == values(ref.grad()));
+      CHECK(w.grad().same(fb.views()[0]));
+      if (hook) CHECK(seen == kBFloat16);
+    }
+  }
+}
+
 TEST_CASE("a parameter used twice, a hook that replaces the gradient, set_grad after zero_", "[autograd][grad_in_place]") {
   for (Device d : test::test_devices()) {
     INFO(d.str());

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_stream.h"
 #include "autograd/ops.h"
 #include "catch.h"
@@ -27,9 +28,10 @@ struct StreamSwitch {
   bool before;
 };
 
-Tensor leaf(const Shape& shape, Device d, uint64_t seed, double scale) {
+Tensor leaf(const Shape& shape, Device d, uint64_t seed, double scale, bool channels_last = false) {
   Generator gen(seed);
   Tensor t = uniform(shape, -scale, scale, kFloat32, kCPU, &gen).to(d);
+  if (channels_last) t = restrided(t, MemoryFormat::ChannelsLast);
   t.set_requires_grad();
   return t;
 }
@@ -37,11 +39,13 @@ Tensor leaf(const Shape& shape, Device d, uint64_t seed, double scale) {
 // Two convolutions and two linear layers, large enough that the first linear layer's weight
 // gradient (cuBLAS, 1024 x 2048 outputs) takes a while: a reader that did not wait for the
 // side stream would see the zeros the gradient held before.
+// With channels_last its convolutions' weights are channels-last (as Module::to makes them).
 struct Net {
-  explicit Net(Device d)
-      : c1w(leaf({8, 3, 3, 3}, d, 1, 0.3)), c1b(leaf({8}, d, 2, 0.1)), c2w(leaf({8, 8, 3, 3}, d, 3, 0.2)),
-        c2b(leaf({8}, d, 4, 0.1)), l1w(leaf({1024, 2048}, d, 5, 0.02)), l1b(leaf({1024}, d, 6, 0.1)),
-        l2w(leaf({10, 1024}, d, 7, 0.05)), l2b(leaf({10}, d, 8, 0.1)) {}
+  explicit Net(Device d, bool channels_last = false)
+      : c1w(leaf({8, 3, 3, 3}, d, 1, 0.3, channels_last)), c1b(leaf({8}, d, 2, 0.1)),
+        c2w(leaf({8, 8, 3, 3}, d, 3, 0.2, channels_last)), c2b(leaf({8}, d, 4, 0.1)),
+        l1w(leaf({1024, 2048}, d, 5, 0.02)), l1b(leaf({1024}, d, 6, 0.1)), l2w(leaf({10, 1024}, d, 7, 0.05)),
+        l2b(leaf({10}, d, 8, 0.1)) {}
   std::vector<Tensor> params() const { return {c1w, c1b, c2w, c2b, l1w, l1b, l2w, l2b}; }
   Tensor loss(const Tensor& img) const {
     const Tensor a = relu(conv2d(img, c1w, c1b, {1, 1, 1, 1}));        // [N, 8, 16, 16]
@@ -64,16 +68,22 @@ std::vector<std::vector<double>> grads_of(const Net& net) {
   return out;
 }
 
-// One backward into a zeroed FlatBuffer (so every gradient is lent), with the switch as given.
-std::vector<std::vector<double>> backward_once(bool side, int64_t* forks) {
+// One backward into a zeroed FlatBuffer (so every gradient is lent), with the switch as given;
+// with `autocast`, under bfloat16 autocast with channels-last convolutions (a ResNet's recipe:
+// every weight reaches its layer through a dtype conversion).
+std::vector<std::vector<double>> backward_once(bool side, int64_t* forks, bool autocast = false) {
   const StreamSwitch s(side);
   const Device gpu = Device::cuda(0);
-  const Net net(gpu);
+  const Net net(gpu, autocast);
   parallel::FlatBuffer fb(net.params());
   fb.attach();
   fb.zero_();
   const int64_t before = autograd::weight_grad_stream_forks();
-  net.loss(images(gpu, 9)).backward();
+  {
+    const AutocastGuard cast(kBFloat16, autocast);
+    const Tensor img = images(gpu, 9);
+    net.loss(autocast ? restrided(img, MemoryFormat::ChannelsLast) : img).backward();
+  }
   *forks = autograd::weight_grad_stream_forks() - before;
   return grads_of(net);
 }
@@ -88,6 +98,22 @@ TEST_CASE("weight gradients on a side stream equal those on one stream", "[autog
   const auto off = backward_once(false, &forks_off);
   // The second convolution and both linear layers compute dx as well: three forks. The first
   // convolution's input needs no gradient, so its weight gradient stays on the main stream.
+  CHECK(forks_on == 3);
+  CHECK(forks_off == 0);
+  REQUIRE(on.size() == off.size());
+  for (size_t k = 0; k < on.size(); ++k) {
+    INFO("parameter " << k);
+    CHECK(on[k] == off[k]);
+  }
+}
+
+TEST_CASE("autocast weights' gradients go to the side stream through their conversion", "[autograd][cuda][wgrad_stream][bf16]") {
+  // Each bfloat16 weight copy's gradient is cast into the float32 .grad by the layer's own
+  // backward (weight_grad_destination), so the layers fork as in float32: the same three.
+  TANDEM_REQUIRE_CUDA();
+  int64_t forks_on = 0, forks_off = 0;
+  const auto on = backward_once(true, &forks_on, /*autocast=*/true);
+  const auto off = backward_once(false, &forks_off, /*autocast=*/true);
   CHECK(forks_on == 3);
   CHECK(forks_off == 0);
   REQUIRE(on.size() == off.size());
