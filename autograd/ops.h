@@ -155,5 +155,15 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 Tensor batch_norm_bias(const Tensor& x, const Tensor& bias, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
                        double momentum, double eps, bool relu = false);
+// relu(batch_norm(x) + residual) -- the join at the end of a ResNet block -- for residual of x's
+// shape, dtype and device; with bias [C], of x + bias as batch_norm_bias takes it. The same values,
+// running statistics and gradients, bit for bit, as batch_norm (or batch_norm_bias) followed by
+// add_relu; in training the join is done by batch norm's apply pass, without writing the batch
+// norm's output (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu). Gradients reach
+// x, residual, gamma, beta (and bias). Training: one op (node "BatchNormAddRelu" or
+// "BatchNormBiasAddRelu"); eval: the batch norm, then add_relu.
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& running_mean, const Tensor& running_var, bool training,
+                           double momentum, double eps, const Tensor& bias = Tensor());
 
 }  // namespace tandem

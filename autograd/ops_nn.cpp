@@ -232,25 +232,34 @@ Tensor batch_norm_eval(const char* name, const Tensor& x, const Tensor& bias, co
 }
 
 // Training mode (x = z + bias with a bias, as in eval mode); relu: relu(batch_norm) in the same
-// passes (Note [batch norm + ReLU]).
+// passes (Note [batch norm + ReLU]); with a residual (and relu), relu(batch_norm + residual)
+// (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
 Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, const Tensor& gamma,
                         const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
-                        double momentum, double eps, bool relu) {
-  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu, bias);
-  if (autograd::any_requires_grad({&x, &bias, &gamma, &beta})) {
-    const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta);
+                        double momentum, double eps, bool relu, const Tensor& residual = Tensor()) {
+  auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu, bias,
+                                     residual);
+  if (autograd::any_requires_grad({&x, &bias, &gamma, &beta, &residual})) {
+    const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta),
+               nr = needs_grad(residual), joined = residual.defined();
     // With the ReLU the node keeps its output, whose zeros mask the incoming gradient (as the
     // ReLU node keeps its own). With a bias it keeps z and the bias, never z + bias.
-    record(name, {x, bias, gamma, beta}, {r.y},
-           [nx, nbias, ng, nb, x = saved(x), bias = saved(bias), gamma = saved(gamma), mean = r.save_mean,
-            invstd = r.save_invstd, y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
+    record(name, {x, bias, gamma, beta, residual}, {r.y},
+           [nx, nbias, ng, nb, nr, joined, x = saved(x), bias = saved(bias), gamma = saved(gamma),
+            mean = r.save_mean, invstd = r.save_invstd,
+            y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
+             // The join's backward first, as AddRelu's: the masked gradient, which is both the
+             // batch norm's output gradient and the residual's.
+             const Tensor dy = joined ? kernels::binary(BinaryOp::ReluBackward, g[0], y) : g[0];
              // gamma's and beta's gradients straight into their zeroed .grad where they can
              // (Note [gradients written in place]).
              const Shape cs{x.size(1)};
              const Tensor dg_to = ng ? autograd::grad_destination(2, cs, mean.dtype(), x.device()) : Tensor();
              const Tensor db_to = nb ? autograd::grad_destination(3, cs, mean.dtype(), x.device()) : Tensor();
-             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to);
-             return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor()};
+             auto d = kernels::batch_norm_backward(dy, x, gamma, mean, invstd, joined ? Tensor() : y, bias, nbias,
+                                                   dg_to, db_to);
+             return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor(),
+                     nr ? dy : Tensor()};
            });
   }
   return r.y;
@@ -299,6 +308,24 @@ Tensor batch_norm_bias(const Tensor& x, const Tensor& bias_in, const Tensor& gam
   }
   return batch_norm_train(relu ? "BatchNormBiasRelu" : "BatchNormBias", x, bias, gamma, beta, running_mean,
                           running_var, momentum, eps, relu);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                           const Tensor& running_mean, const Tensor& running_var, bool training,
+                           double momentum, double eps, const Tensor& bias_in) {
+  check_bn_input("batch_norm_add_relu", x);
+  TANDEM_CHECK(residual.defined(), Value, "batch_norm_add_relu: the residual is undefined (use batch_norm_relu)");
+  TANDEM_CHECK(!bias_in.defined() || x.dim() == 4, Shape, "batch_norm_add_relu: a conv bias needs the ",
+               "[N, C, H, W] output of a convolution, got ", x.str());
+  const Tensor bias = autocast_input(bias_in);  // cast as conv2d casts it (Note [autocast])
+  const bool biased = bias.defined();
+  if (!training) {
+    return add_relu(batch_norm_eval(biased ? "BatchNormBiasEval" : "BatchNormEval", x, bias, gamma, beta,
+                                    running_mean, running_var, eps),
+                    residual);
+  }
+  return batch_norm_train(biased ? "BatchNormBiasAddRelu" : "BatchNormAddRelu", x, bias, gamma, beta,
+                          running_mean, running_var, momentum, eps, true, residual);
 }
 
 }  // namespace tandem

@@ -241,11 +241,17 @@ class Backend {
   // batch-norm value, the mask ReluBackward applies -- so the results are the same bits
   // (tests/nn/test_batchnorm_relu.cpp, every device, format and dtype). The CPU, the
   // reference, fuses the forward and masks dy in a pass of its own.
+  //
+  // residual (x's shape, dtype and layout; undefined: none), with relu: y = relu(batch_norm(x)
+  // + residual), the join at the end of a ResNet block (Note [batch norm + residual join] in
+  // kernels/cuda/batchnorm.cu). Its backward is batch norm's on the masked gradient, which is
+  // also the residual's: the passes of the two ops.
   virtual void batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
                                         const Tensor& beta, const Tensor& running_mean,
                                         const Tensor& running_var, double momentum, double eps,
                                         const Tensor& y, const Tensor& save_mean,
-                                        const Tensor& save_invstd, bool relu) = 0;
+                                        const Tensor& save_invstd, bool relu,
+                                        const Tensor& residual) = 0;
   virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
                                        const Tensor& beta, const Tensor& running_mean,
                                        const Tensor& running_var, double eps, const Tensor& y,
@@ -328,6 +334,12 @@ bool row_conv_pass_on(char pass);
 //   TANDEM_FUSE_BN_RELU=0 turns it off.
 void set_fuse_bn_relu(bool on);
 bool fuse_bn_relu();
+// fuse_bn_add_relu (default true): Residual blocks run their second batch norm and the join after
+//   it, relu(bn2(...) + shortcut), as one op (batch_norm_add_relu; Note [batch norm + residual
+//   join] in kernels/cuda/batchnorm.cu): the same values and gradients without writing and
+//   reading the batch norm's output. Environment: TANDEM_FUSE_BN_ADD_RELU=0 turns it off.
+void set_fuse_bn_add_relu(bool on);
+bool fuse_bn_add_relu();
 // fuse_conv_bias (default true): Residual blocks, and a Sequential's Conv2d
 //   followed by a BatchNorm2d, run the convolution without its bias and add the bias inside
 //   the batch norm's passes (batch_norm_bias; Note [conv bias in batch norm] in

@@ -40,6 +40,10 @@ std::atomic<bool>& fuse_bn_relu_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", true)};
   return flag;
 }
+std::atomic<bool>& fuse_bn_add_relu_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_ADD_RELU", true)};
+  return flag;
+}
 std::atomic<bool>& fuse_conv_bias_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_CONV_BIAS", true)};
   return flag;
@@ -102,6 +106,8 @@ void set_fuse_linear_activation(bool on) { fuse_linear_activation_flag() = on; }
 bool fuse_linear_activation() { return fuse_linear_activation_flag(); }
 void set_fuse_bn_relu(bool on) { fuse_bn_relu_flag() = on; }
 bool fuse_bn_relu() { return fuse_bn_relu_flag(); }
+void set_fuse_bn_add_relu(bool on) { fuse_bn_add_relu_flag() = on; }
+bool fuse_bn_add_relu() { return fuse_bn_add_relu_flag(); }
 void set_fuse_conv_bias(bool on) { fuse_conv_bias_flag() = on; }
 bool fuse_conv_bias() { return fuse_conv_bias_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }

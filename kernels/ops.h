@@ -123,10 +123,12 @@ struct BatchNormResult {
 // bias [C] (x's dtype and device; undefined: none): x is a convolution's output without its
 // bias, normalized as x + bias without storing that (Note [conv bias in batch norm] in
 // kernels/cuda/batchnorm.cu).
+// residual (x's shape, dtype and device; undefined: none; relu must be on): y = relu(batch_norm(x) +
+// residual) in the same pass (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
                                  double momentum, double eps, bool relu = false,
-                                 const Tensor& bias = Tensor());
+                                 const Tensor& bias = Tensor(), const Tensor& residual = Tensor());
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, double eps, bool relu = false,
                        const Tensor& bias = Tensor());

@@ -461,11 +461,18 @@ void index_add_(const Tensor& out, const Tensor& index, const Tensor& src) {
 
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
-                                 double momentum, double eps, bool relu, const Tensor& bias) {
+                                 double momentum, double eps, bool relu, const Tensor& bias,
+                                 const Tensor& residual) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
   check_conv_bias(op, x, bias);
+  if (residual.defined()) {
+    TANDEM_CHECK(relu, Value, op, ": a residual is added before the ReLU; pass relu=true");
+    check_same_device(op, {&x, &residual});
+    check_same_dtype(op, {&x, &residual});
+    check_shape(op, residual, x.shape(), "residual");
+  }
   check_in_place(op, running_mean, "running_mean");
   check_in_place(op, running_var, "running_var");
   const int64_t c = x.size(1);
@@ -478,7 +485,8 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
                     Tensor({c}, bn_param_dtype(x), x.device())};
   be.batch_norm_forward_train(x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                               or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean, running_var,
-                              momentum, eps, r.y, r.save_mean, r.save_invstd, relu);
+                              momentum, eps, r.y, r.save_mean, r.save_invstd, relu,
+                              residual.defined() ? residual.contiguous(fmt) : Tensor());
   r.y = in_format(r.y, fmt, want);
   return r;
 }

@@ -31,20 +31,26 @@ std::string BatchNorm2d::extra_repr() const {
   return detail::str(c_, ", eps=", eps_, ", momentum=", momentum_);
 }
 
-Tensor BatchNorm2d::forward_impl(const Tensor& x) { return run(x, false, Tensor()); }
+Tensor BatchNorm2d::forward_impl(const Tensor& x) { return run(x, false, Tensor(), Tensor()); }
 
 Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   check_forward_input(x);  // as forward()
-  return run(x, true, Tensor());
+  return run(x, true, Tensor(), Tensor());
 }
 
 Tensor BatchNorm2d::forward_biased(const Tensor& z, const Tensor& conv_bias, bool relu) {
   check_forward_input(z);  // as forward()
   TANDEM_CHECK(conv_bias.defined(), Value, "BatchNorm2d(", c_, "): forward_biased without a bias");
-  return run(z, relu, conv_bias);
+  return run(z, relu, conv_bias, Tensor());
 }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual, const Tensor& conv_bias) {
+  check_forward_input(x);  // as forward()
+  TANDEM_CHECK(residual.defined(), Value, "BatchNorm2d(", c_, "): forward_add_relu without a residual");
+  return run(x, true, conv_bias, residual);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias, const Tensor& residual) {
   TANDEM_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == c_, Shape, "BatchNorm2d(", c_,
                "): input ", shape_str(x.shape()), " is not [N, ", c_, ", H, W] or [N, ", c_, "]");
   if (is_training()) {
@@ -57,12 +63,24 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias) {
     if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
     kernels::axpby_(1.0, one_, 1.0, count);
   }
+  if (residual.defined()) {
+    TANDEM_CHECK(relu, Value, "BatchNorm2d(", c_, "): a residual is joined before a ReLU only");
+    return batch_norm_add_relu(x, residual, weight(), bias(), running_mean(), running_var(), is_training(),
+                               momentum_, eps_, conv_bias);
+  }
   if (conv_bias.defined()) {
     return batch_norm_bias(x, conv_bias, weight(), bias(), running_mean(), running_var(), is_training(),
                            momentum_, eps_, relu);
   }
   return relu ? batch_norm_relu(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_)
               : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_);
+}
+
+Tensor conv_batch_norm_add_relu(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, const Tensor& residual) {
+  if (fuse_conv_bias() && conv.bias().defined()) {
+    return bn.forward_add_relu(conv.forward_no_bias(x), residual, conv.bias());
+  }
+  return bn.forward_add_relu(conv(x), residual);
 }
 
 Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu) {

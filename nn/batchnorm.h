@@ -36,15 +36,21 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
   // (autograd's batch_norm_bias): the same values, gradients (conv_bias's too) and statistics.
   // What conv_batch_norm calls when fuse_conv_bias() is on (kernels/backend.h).
   Tensor forward_biased(const Tensor& z, const Tensor& conv_bias, bool relu = false);
+  // relu(forward(x) + residual), the join at the end of a ResNet block, in the batch norm's
+  // apply pass (autograd's batch_norm_add_relu); with conv_bias, of x + conv_bias as
+  // forward_biased. The same values, gradients and statistics. What Residual calls for its
+  // second batch norm when fuse_bn_add_relu() is on (kernels/backend.h).
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual, const Tensor& conv_bias = Tensor());
 
   std::string name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
-  // Every forward (plain, relu, biased) ends here: SyncBatchNorm (nn/sync_batchnorm.h)
+  // Every forward (plain, relu, biased, joined) ends here: SyncBatchNorm (nn/sync_batchnorm.h)
   // overrides it, so Residual and Sequential, which call the fused forms, use it unchanged.
-  virtual Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias);
+  // residual (defined only with relu): relu(batch norm + residual).
+  virtual Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias, const Tensor& residual);
 
  private:
 
@@ -58,5 +64,8 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
 // and gradients (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu). For a conv whose
 // output goes to nothing but bn, as in Residual and a Sequential's Conv2d -> BatchNorm2d.
 Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu);
+// relu(bn(conv(x)) + residual), the batch norm's forward_add_relu, with conv's bias fused into it
+// as conv_batch_norm fuses it.
+Tensor conv_batch_norm_add_relu(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, const Tensor& residual);
 
 }  // namespace tandem::nn

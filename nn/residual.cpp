@@ -31,9 +31,12 @@ Tensor Residual::forward_impl(const Tensor& x) {
   const bool fuse_relu = fuse_bn_relu();
   Tensor y = conv_batch_norm(conv1(), bn1(), x, fuse_relu);
   if (!fuse_relu) y = relu(y);
-  y = conv_batch_norm(conv2(), bn2(), y, false);
   Tensor shortcut = use_1x1conv_ ? child_as<Conv2d>("conv3")(x) : x;
-  return add_relu(y, shortcut);  // relu(y + shortcut) in one pass
+  // relu(bn2(conv2(y)) + shortcut): the join in the batch norm's apply pass when
+  // fuse_bn_add_relu() is on (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu),
+  // else one pass of its own after it.
+  if (fuse_bn_add_relu()) return conv_batch_norm_add_relu(conv2(), bn2(), y, shortcut);
+  return add_relu(conv_batch_norm(conv2(), bn2(), y, false), shortcut);
 }
 
 }  // namespace tandem::nn

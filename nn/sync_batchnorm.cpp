@@ -149,19 +149,19 @@ SyncBatchNorm::SyncBatchNorm(int64_t num_features, double eps, double momentum,
 SyncBatchNorm::SyncBatchNorm(const BatchNorm2d& bn, std::shared_ptr<ProcessGroup> process_group)
     : BatchNorm2d(bn), group_(std::move(process_group)) {}
 
-Tensor SyncBatchNorm::run(const Tensor& x, bool relu, const Tensor& conv_bias) {
-  if (!is_training()) return BatchNorm2d::run(x, relu, conv_bias);  // running statistics, no collective
+Tensor SyncBatchNorm::run(const Tensor& x, bool relu, const Tensor& conv_bias, const Tensor& residual) {
+  if (!is_training()) return BatchNorm2d::run(x, relu, conv_bias, residual);  // running statistics, no collective
   TANDEM_CHECK(group_ != nullptr, Value, "SyncBatchNorm(", num_features(),
                "): training needs a process group; build it with one, or convert the model with "
                "convert_sync_batchnorm(model, group) once the process group exists");
-  if (group_->size() == 1) return BatchNorm2d::run(x, relu, conv_bias);  // exactly BatchNorm2d
+  if (group_->size() == 1) return BatchNorm2d::run(x, relu, conv_bias, residual);  // exactly BatchNorm2d
   TANDEM_CHECK((x.dim() == 4 || x.dim() == 2) && x.size(1) == num_features(), Shape, "SyncBatchNorm(",
                num_features(), "): input ", shape_str(x.shape()), " is not [N, ", num_features(),
                ", H, W] or [N, ", num_features(), "]");
   const Tensor& count = num_batches_tracked();
   if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
   kernels::axpby_(1.0, one_, 1.0, count);
-  // The conv's bias and the ReLU of the fused forms, as separate differentiable ops.
+  // The conv's bias, the residual join and the ReLU of the fused forms, as separate differentiable ops.
   Tensor z = x;
   if (conv_bias.defined()) {
     Shape cs(static_cast<size_t>(x.dim()), 1);
@@ -169,6 +169,7 @@ Tensor SyncBatchNorm::run(const Tensor& x, bool relu, const Tensor& conv_bias) {
     z = tandem::add(x, tandem::reshape(conv_bias, cs));
   }
   Tensor y = sync_batch_norm(z, weight(), bias(), running_mean(), running_var(), momentum(), eps(), group_);
+  if (residual.defined()) return tandem::add_relu(y, residual);
   return relu ? tandem::relu(y) : y;
 }
 

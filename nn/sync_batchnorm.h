@@ -73,7 +73,7 @@ class SyncBatchNorm : public BatchNorm2d {
   std::string name() const override { return "SyncBatchNorm"; }
 
  protected:
-  Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias) override;
+  Tensor run(const Tensor& x, bool relu, const Tensor& conv_bias, const Tensor& residual) override;
 
  private:
   std::shared_ptr<ProcessGroup> group_;

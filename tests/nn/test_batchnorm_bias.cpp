@@ -242,8 +242,10 @@ TEST_CASE("Residual and a ResNet stem with the conv bias fused equal them unfuse
 TEST_CASE("The conv bias fusion runs the batch norm nodes that take the bias", "[nn][cuda]") {
   const test::SettingRestore restore_bias(set_fuse_conv_bias, fuse_conv_bias);
   const test::SettingRestore restore_relu(set_fuse_bn_relu, fuse_bn_relu);
+  const test::SettingRestore restore_join(set_fuse_bn_add_relu, fuse_bn_add_relu);
   for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
+    set_fuse_bn_add_relu(false);  // the block's second batch norm on its own, then the join
     Generator gen(17);
     const Tensor x = uniform({2, 3, 6, 6}, -1.0, 1.0, kFloat32).to(d);
     auto names = [&](nn::Module& m) {
@@ -277,6 +279,13 @@ TEST_CASE("The conv bias fusion runs the batch norm nodes that take the bias", "
     set_fuse_bn_relu(true);
     CHECK(names(*s).count("BatchNormRelu") == 1);
     CHECK(names(*s).count("BatchNormBiasRelu") == 0);
+    // With the join fused too, the second batch norm takes the bias and the shortcut.
+    set_fuse_conv_bias(true);
+    set_fuse_bn_add_relu(true);
+    got = names(block);
+    CHECK(got.count("BatchNormBiasRelu") == 1);
+    CHECK(got.count("BatchNormBiasAddRelu") == 1);
+    CHECK(got.count("AddRelu") == 0);
   }
 }
 
