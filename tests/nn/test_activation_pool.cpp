@@ -264,17 +264,18 @@ TEST_CASE("A Sequential's Conv2d leaves its bias to the activation + pooling aft
   const test::SettingRestore restore(set_fuse_conv_bias, fuse_conv_bias);
   const test::SettingRestore restore_pool(set_fuse_activation_pool, fuse_activation_pool);
   set_fuse_activation_pool(true);
-  Generator gen(19);
-  // LeNet's pattern twice (a 1-channel input as its first layer), and a Conv2d without a bias.
-  const auto model = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(1, 3, 5, 1, 2, true, gen), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(2, 2), std::make_shared<nn::Conv2d>(3, 4, 3, 1, 0, true, gen),
-      std::make_shared<nn::Sigmoid>(), std::make_shared<nn::AvgPool2d>(2, 2),
-      std::make_shared<nn::Conv2d>(4, 2, 1, 1, 0, false, gen), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(2, 2)});
   const Tensor x = uniform({3, 1, 20, 20}, -1.0, 1.0, kFloat32);
   for (const Device d : test::test_devices()) {
     INFO("on " << d.str());
+    // A fresh model on each device (one with the gradients of the last device's run would add to them).
+    // LeNet's pattern twice (a 1-channel input as its first layer), and a Conv2d without a bias.
+    Generator gen(19);
+    const auto model = std::make_shared<nn::SequentialImpl>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Conv2d>(1, 3, 5, 1, 2, true, gen), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::MaxPool2d>(2, 2), std::make_shared<nn::Conv2d>(3, 4, 3, 1, 0, true, gen),
+        std::make_shared<nn::Sigmoid>(), std::make_shared<nn::AvgPool2d>(2, 2),
+        std::make_shared<nn::Conv2d>(4, 2, 1, 1, 0, false, gen), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::MaxPool2d>(2, 2)});
     // Every backend adds the bias with the same add wherever it is: the same bits.
     test::check_fusion_changes_nothing(model, x, d, set_fuse_conv_bias, fuse_conv_bias);
     // The conv's node still computes the bias gradient; the op after it names the pooling.
