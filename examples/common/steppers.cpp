@@ -209,14 +209,14 @@ class SingleDeviceStepper final : public Stepper {
   }
 
   // Note [the step's batch buffers]: the batch's images and labels are gathered into two
-  // tensors made at the first step and kept, not into new ones each step. In a replayed LeNet
-  // step the images' gather into a tensor the graph allocated started some 6 us after the node
-  // before it ended, whether that node was a memcpy or a kernel, while the labels' gather beside
-  // it started at once; writing into memory that outlives the graph takes the allocation out of
-  // the graph's first nodes (docs/09 says what was measured). Only batches of the first
-  // batch's size use them (an epoch's last, smaller batch runs eagerly on tensors of its own),
-  // so the graph's addresses never change. Made outside any capture: the warm-up steps come
-  // first.
+  // tensors made at the first step and kept, not into new ones each step: the labels' gather
+  // on the side stream writes straight into its tensor (no copy node), and the graph's first
+  // nodes allocate nothing. They were tried first for another reason: in a replayed LeNet step
+  // the images' gather starts some 6 us after the graph's first node (the copy of the row
+  // numbers). Measured since, that wait is the same into a kept tensor (docs/09), so it is not
+  // the allocator's; its cause is still open. Only batches of the first batch's size use them
+  // (an epoch's last, smaller batch runs eagerly on tensors of its own), so the graph's
+  // addresses never change. Made outside any capture: the warm-up steps come first.
   void keep_batch_buffers(const data::TensorDataset& data, int64_t rows) {
     if (batch_x_.defined() || is_current_stream_capturing(data.device())) return;
     batch_x_ = empty(rows_of(data.images(), rows), data.images().dtype(), data.device());
