@@ -74,9 +74,6 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
                                                  const Conv2dParams& p, const Shape& w_shape,
                                                  bool with_bias, const Tensor& dw_into = Tensor(),
                                                  const Tensor& db_into = Tensor());
-// Whether conv2d_backward_weight(x, dy, ...) writes dw into a given dw_into (the kernels work
-// in packed NCHW for these tensors) rather than returning a tensor of another layout.
-bool conv2d_backward_weight_into(const Tensor& x, const Tensor& dy);
 // db [K] of dy [N, K, P, Q] alone: the bias gradient conv2d_backward_weight returns.
 Tensor conv2d_backward_bias(const Tensor& dy);
 

@@ -210,11 +210,6 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
   return {in_format(dw, fmt, want), db};
 }
 
-bool conv2d_backward_weight_into(const Tensor& x, const Tensor& dy) {
-  const MemoryFormat want = conv_format(x, dy);
-  return want == MemoryFormat::Contiguous && kernel_format(backend_for(x.device()), want) == MemoryFormat::Contiguous;
-}
-
 Tensor conv2d_backward_bias(const Tensor& dy) {
   const char* op = "conv2d_backward_bias";
   check_floating(op, dy);
