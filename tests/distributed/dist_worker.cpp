@@ -937,6 +937,23 @@ void run_syncbn(const std::shared_ptr<ProcessGroup>& group, const Flags& f) {
     track32(sbn.running_var(), ref.running_var());
     require(max_abs_diff(sbn.num_batches_tracked(), ref.num_batches_tracked()) == 0, "num_batches_tracked");
   }
+  {
+    // A Residual block's join (forward_add_relu): over a group, relu(sync batch norm + residual)
+    // as two ops, against BatchNorm2d's fused op on the whole batch.
+    Tensor x = X32.slice(0, start, start + n).clone(), xr = X32.clone();
+    Tensor res = R32.slice(0, start, start + n).clone(), resr = R32.clone();
+    for (Tensor* t : {&x, &xr, &res, &resr}) t->set_requires_grad(true);
+    sbn.zero_grad(), ref.zero_grad();
+    const Tensor y = sbn.forward_add_relu(x, res);
+    sum(mul(y, y)).backward();
+    const Tensor yr = ref.forward_add_relu(xr, resr);
+    sum(mul(yr, yr)).backward();
+    track32(y, yr.slice(0, start, start + n));
+    track32(x.grad(), xr.grad().slice(0, start, start + n));
+    track32(res.grad(), resr.grad().slice(0, start, start + n));
+    track32(summed(group, sbn.weight().grad()), ref.weight().grad());
+    track32(sbn.running_mean(), ref.running_mean());
+  }
   sbn.eval(), ref.eval();
   const uint64_t seq0 = group->sequence_number();
   const Tensor x = X32.slice(0, start, start + n).clone();
