@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "autograd/engine.h"
+#include "autograd/node.h"
 #include "core/error.h"
 
 namespace tandem::parallel {
@@ -131,12 +132,22 @@ void Reducer::prepare_for_backward() {
   armed_ = true;
 }
 
+// A gradient attached here as a zeroed bucket view is marked zero for autograd, so the next
+// backward may write it straight into the bucket rather than into a tensor of its own that is
+// then added (Note [gradients written in place] in autograd/node.h) -- and, being lent, may be
+// computed on the side stream beside the input gradients (Note [weight gradients on a second
+// stream] in autograd/grad_stream.h). The bucket's hook still sees the finished gradient: the
+// engine joins the side stream before a leaf's hooks run.
 void Reducer::attach_grads() {
   if (flat_.defined() && std::none_of(params_.begin(), params_.end(),
                                       [](const Tensor& p) { return p.grad().defined(); })) {
     flat_.zero_();  // after zero_grad(): one fill for every gradient
     for (Bucket& bucket : buckets_) {
-      for (size_t k = 0; k < bucket.params.size(); ++k) params_[bucket.params[k]].set_grad(bucket.views[k]);
+      for (size_t k = 0; k < bucket.params.size(); ++k) {
+        const Tensor& p = params_[bucket.params[k]];
+        p.set_grad(bucket.views[k]);
+        autograd::mark_grad_zero(p);
+      }
     }
     return;
   }
@@ -149,10 +160,11 @@ void Reducer::attach_grads() {
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const Tensor& p = params_[bucket.params[k]];
       const Tensor g = p.grad();
-      if (g.same(bucket.views[k])) continue;
+      if (g.same(bucket.views[k])) continue;  // attached already: the backward adds to it
       if (g.defined()) bucket.views[k].copy_(g);  // something set its own .grad: keep its values
       else if (!none_attached) bucket.views[k].zero_();
       p.set_grad(bucket.views[k]);
+      if (!g.defined()) autograd::mark_grad_zero(p);  // zeroed with the bucket, or on its own
     }
   }
 }

@@ -196,6 +196,34 @@ TEST_CASE("Reducer: zero_grad, no_sync accumulation and unused parameters", "[pa
       for (double v : test::values(p.grad())) CHECK(v == 0.0);
     }
   }
+  SECTION("after zero_grad, prepare_for_backward lends the zeroed views: gradients written straight into them") {
+    Fixture f(40 * 4);
+    f.net->zero_grad();
+    f.reducer->prepare_for_backward();
+    // A tensor hook on each parameter runs before its accumulator: a gradient written in place
+    // is the bucket view itself (Note [gradients written in place]).
+    const auto ps = f.net->parameters();
+    std::vector<char> lent(ps.size(), 0);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      ps[k].register_hook([&lent, k, view = ps[k].grad()](const Tensor& g) {
+        lent[k] = g.raw_data() == view.raw_data();
+        return Tensor();
+      });
+    }
+    f.loss().backward();
+    CHECK(f.reducer->reductions() == 1);
+    for (size_t k = 0; k < ps.size(); ++k) CHECK(lent[k]);
+    // The values of the usual way, doubled by the fake reduction, bit for bit.
+    Fixture plain(1 << 20);
+    plain.reducer.reset();
+    plain.net->zero_grad();
+    plain.loss().backward();
+    const auto ref = plain.net->parameters();
+    for (size_t k = 0; k < ps.size(); ++k) {
+      CHECK(test::values(ps[k].grad()) == test::values(kernels::binary(BinaryOp::Mul, ref[k].grad(),
+                                                                         full(ref[k].shape(), 2.0))));
+    }
+  }
   SECTION("unarmed (no_sync): nothing launched, gradients accumulate; the next armed pass reduces the sum") {
     Fixture f(1 << 20);
     f.reducer->attach_grads();
