@@ -8,8 +8,9 @@
 #                   [--env NAME=VALUE] [-- BENCH_TRAIN_FLAGS...]           on the GPU machine
 #
 # --prepare writes .ab-base/ (git-ignored: name it in what travels with the tree): every file
-# that differs between REV and the working tree, as it is at REV, and .ab-base/ADDED, the files
-# the tree has and REV lacks. The run puts those in place (the added files aside), builds
+# that differs between REV and the working tree, as it is at REV, .ab-base/ADDED, the files
+# the tree has and REV lacks, and .ab-base/TREE, the checksum of every file of the tree then (a
+# run refuses a tree changed since). The run puts those in place (the added files aside), builds
 # bench_train as "base", puts the tree back and builds it again ("new"; only what changed
 # recompiles), then runs base and new R times in turn (default 2): bench_train --model M
 # --epochs N (default 4) with TANDEM_CUDNN_BENCHMARK=1 and the flags after "--" (default for
@@ -39,6 +40,11 @@ if [ "${1:-}" = --prepare ]; then
       fi
     done || exit 1
   git rev-parse "$rev" > "$BASE_DIR/REV"
+  # The tree as it is now, file by file: a change made after --prepare would be built into
+  # "base" as well (only the files that differed here go back to REV), so the run refuses it.
+  { git ls-files; git ls-files --others --exclude-standard; } | sort -u |
+    grep -v -e "^$BASE_DIR/" -e '^bench/ab_gpu.sh$' | while IFS= read -r f; do [ -f "$f" ] && sha1sum "$f"; done \
+    > "$BASE_DIR/TREE" || exit 1
   echo "ab_gpu.sh: $BASE_DIR holds $(find "$BASE_DIR/files" -type f | wc -l) files as at $(cut -c1-12 "$BASE_DIR/REV")" \
     "and $(wc -l < "$BASE_DIR/ADDED") added since"
   exit 0
@@ -65,6 +71,11 @@ case "$MODEL" in lenet | resnet18) ;; *) echo "ab_gpu.sh: --model $MODEL is not 
 [ -z "$BASE_ENV" ] || [[ "$BASE_ENV" =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] ||
   { echo "ab_gpu.sh: --env takes NAME=VALUE, got $BASE_ENV" >&2; exit 2; }
 [ -n "$BASE_ENV" ] || [ -f "$BASE_DIR/REV" ] || { echo "ab_gpu.sh: no $BASE_DIR here: run bench/ab_gpu.sh --prepare REV first" >&2; exit 2; }
+if [ -z "$BASE_ENV" ] && [ -f "$BASE_DIR/TREE" ] && ! changed=$(sha1sum --check --quiet "$BASE_DIR/TREE" 2>&1); then
+  echo "ab_gpu.sh: the tree changed since --prepare ($(echo "$changed" | head -3 | tr '\n' ' ')...):" \
+    "run bench/ab_gpu.sh --prepare $(cut -c1-12 "$BASE_DIR/REV") again" >&2
+  exit 2
+fi
 . bench/gpu_env.sh
 
 # The tree as it was at REV, and back. A file of the tree that REV lacks goes aside; one that
