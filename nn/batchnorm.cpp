@@ -76,19 +76,13 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias, con
               : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_);
 }
 
-Tensor conv_batch_norm_add_relu(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, const Tensor& residual) {
-  if (fuse_conv_bias() && conv.bias().defined()) {
-    return bn.forward_add_relu(conv.forward_no_bias(x), residual, conv.bias());
-  }
-  return bn.forward_add_relu(conv(x), residual);
-}
-
-Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu) {
-  if (fuse_conv_bias() && conv.bias().defined()) {
-    return bn.forward_biased(conv.forward_no_bias(x), conv.bias(), relu);
-  }
-  const Tensor y = conv(x);
-  return relu ? bn.forward_relu(y) : bn(y);
+Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu, const Tensor& residual) {
+  const bool bias_in_bn = fuse_conv_bias() && conv.bias().defined();
+  const Tensor z = bias_in_bn ? conv.forward_no_bias(x) : conv(x);
+  const Tensor b = bias_in_bn ? conv.bias() : Tensor();
+  if (residual.defined()) return bn.forward_add_relu(z, residual, b);
+  if (b.defined()) return bn.forward_biased(z, b, relu);
+  return relu ? bn.forward_relu(z) : bn(z);
 }
 
 }  // namespace tandem::nn

@@ -63,9 +63,9 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
 // a bias, conv runs without it and bn adds it in its passes (forward_biased): the same values
 // and gradients (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu). For a conv whose
 // output goes to nothing but bn, as in Residual and a Sequential's Conv2d -> BatchNorm2d.
-Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu);
-// relu(bn(conv(x)) + residual), the batch norm's forward_add_relu, with conv's bias fused into it
-// as conv_batch_norm fuses it.
-Tensor conv_batch_norm_add_relu(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, const Tensor& residual);
+// With a residual (relu then implied): relu(bn(conv(x)) + residual), the batch norm's
+// forward_add_relu, the conv's bias fused in the same way.
+Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu,
+                       const Tensor& residual = Tensor());
 
 }  // namespace tandem::nn

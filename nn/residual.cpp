@@ -35,7 +35,7 @@ Tensor Residual::forward_impl(const Tensor& x) {
   // relu(bn2(conv2(y)) + shortcut): the join in the batch norm's apply pass when
   // fuse_bn_add_relu() is on (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu),
   // else one pass of its own after it.
-  if (fuse_bn_add_relu()) return conv_batch_norm_add_relu(conv2(), bn2(), y, shortcut);
+  if (fuse_bn_add_relu()) return conv_batch_norm(conv2(), bn2(), y, true, shortcut);
   return add_relu(conv_batch_norm(conv2(), bn2(), y, false), shortcut);
 }
 
