@@ -66,7 +66,7 @@ if [ "$RESNET" = 1 ]; then
     tandem 1 resnet18 3 $flags
   done
   tandem 0 resnet18 3 --channels-last --precision bf16
-  TANDEM_FUSE_BN_RELU=0 TANDEM_FUSE_CONV_BIAS=0 tandem 1 resnet18 3 --channels-last --precision bf16  # both fusions off
+  TANDEM_FUSE_BN_RELU=0 TANDEM_FUSE_CONV_BIAS=0 TANDEM_FUSE_BN_ADD_RELU=0 tandem 1 resnet18 3 --channels-last --precision bf16  # the batch-norm fusions off
   torch_resnet
   torch_resnet --cudnn-benchmark
   torch_resnet --cudnn-benchmark --cuda-graph
