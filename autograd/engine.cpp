@@ -267,8 +267,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         const RunningNode running(n);
         input_grads = n->apply(std::move(grads));
       }
-      if (AnomalyMode::is_enabled()) [[unlikely]]
+      if (AnomalyMode::is_enabled()) [[unlikely]] {
+        join_weight_grad_streams();  // it reads the gradients, some perhaps written on a side stream
         detail::anomaly_check_backward(*n, input_grads);
+      }
       TANDEM_CHECK(input_grads.empty() || input_grads.size() == n->next_edges.size(), Error,
                    "backward: ", n->name(), " returned ", input_grads.size(), " gradients for ",
                    n->next_edges.size(), " inputs");
