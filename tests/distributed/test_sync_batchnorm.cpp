@@ -21,6 +21,8 @@
 #include "helpers.h"
 #include "kernels/backend.h"
 #include "nn/models/resnet.h"
+#include "nn/residual.h"
+#include "nn/nn_test_util.h"
 #include "nn/nn.h"
 #include "nn/sync_batchnorm.h"
 #include "parallel/distributed/launch.h"
@@ -70,6 +72,9 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
     WARN("tandem built without Gloo: skipped");
     return;
   }
+  const test::SettingRestore restore_relu(set_fuse_bn_relu, fuse_bn_relu);
+  const test::SettingRestore restore_bias(set_fuse_conv_bias, fuse_conv_bias);
+  const test::SettingRestore restore_join(set_fuse_bn_add_relu, fuse_bn_add_relu);
   OneRank job("gloo");
   Generator gen(5);
   for (bool fuse : {false, true}) {
@@ -94,8 +99,24 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
       for (size_t k = 0; k < sa.size(); ++k) CHECK(same_bits(sa[k], sb[k]));
     }
   }
-  set_fuse_bn_relu(false);
-  set_fuse_conv_bias(false);
+  // A Residual block, whose second batch norm joins the shortcut (forward_add_relu) when
+  // fuse_bn_add_relu() is on: over a group of one, the same bits as BatchNorm2d.
+  for (bool fuse : {false, true}) {
+    set_fuse_bn_add_relu(fuse);
+    set_fuse_conv_bias(fuse);
+    auto a = std::make_shared<nn::Residual>(2, 2, false, 1, gen);
+    auto b = std::dynamic_pointer_cast<nn::Residual>(a->clone());
+    nn::convert_sync_batchnorm(b, job.group);
+    REQUIRE(count_modules<nn::SyncBatchNorm>(*b) == 2);
+    const Tensor x = randn({4, 2, 5, 5}, kFloat32, kCPU, &gen);
+    a->zero_grad(), b->zero_grad();
+    Tensor ya = (*a)(x), yb = (*b)(x);
+    CHECK(same_bits(ya, yb));
+    sum(mul(ya, ya)).backward();
+    sum(mul(yb, yb)).backward();
+    auto pa = a->parameters(), pb = b->parameters();
+    for (size_t k = 0; k < pa.size(); ++k) CHECK(same_bits(pa[k].grad(), pb[k].grad()));
+  }
 }
 
 TEST_CASE("sync_batch_norm through a group of one equals batch_norm: float64, channels-last, bfloat16", "[nn][syncbn]") {
