@@ -125,26 +125,27 @@ class LentGradScope {
   std::vector<std::weak_ptr<TensorImpl>>* prev_;
 };
 
-// The graph this thread's run_backward is running (for weight_grad_destination's look at a
-// conversion's pending gradients); the outer one is restored (a hook may run a nested backward).
-thread_local TaskMap* t_tasks = nullptr;
-struct RunningTasks {
-  explicit RunningTasks(TaskMap* t) : prev(t_tasks) { t_tasks = t; }
-  ~RunningTasks() { t_tasks = prev; }
-  RunningTasks(const RunningTasks&) = delete;
-  RunningTasks& operator=(const RunningTasks&) = delete;
-  TaskMap* prev;
+// Sets a thread-local pointer for a scope and restores the outer value at its end (a hook may
+// run a nested backward, or a node's backward another node's).
+template <typename T>
+class ScopedPointer {
+ public:
+  ScopedPointer(T*& slot, T* value) : slot_(slot), prev_(slot) { slot_ = value; }
+  ~ScopedPointer() { slot_ = prev_; }
+  ScopedPointer(const ScopedPointer&) = delete;
+  ScopedPointer& operator=(const ScopedPointer&) = delete;
+
+ private:
+  T*& slot_;
+  T* prev_;
 };
+
+// The graph this thread's run_backward is running (for weight_grad_destination's look at a
+// conversion's pending gradients).
+thread_local TaskMap* t_tasks = nullptr;
 
 // The node whose backward function this thread is running (for grad_destination).
 thread_local Node* running_node = nullptr;
-struct RunningNode {
-  explicit RunningNode(Node* n) : prev(running_node) { running_node = n; }
-  ~RunningNode() { running_node = prev; }
-  RunningNode(const RunningNode&) = delete;
-  RunningNode& operator=(const RunningNode&) = delete;
-  Node* prev;
-};
 
 // Note [tensor hooks]
 // Tensor::register_hook stores its hook on the node that will receive the tensor's gradient:
@@ -211,7 +212,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   WeightGradStreamScope side_streams;
 
   TaskMap tasks;
-  const RunningTasks running_tasks(&tasks);
+  const ScopedPointer<TaskMap> running_tasks(t_tasks, &tasks);
   std::vector<Node*> root_nodes;
   std::vector<std::pair<Edge, Tensor>> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -264,7 +265,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       grads.resize(n->num_outputs);
       run_tensor_hooks(*n, grads);
       {
-        const RunningNode running(n);
+        const ScopedPointer<Node> running(running_node, n);
         input_grads = n->apply(std::move(grads));
       }
       if (AnomalyMode::is_enabled()) [[unlikely]] {

@@ -88,16 +88,11 @@ std::vector<std::vector<double>> backward_once(bool side, int64_t* forks, bool a
   return grads_of(net);
 }
 
-}  // namespace
-
-#ifdef TANDEM_WITH_CUDA
-TEST_CASE("weight gradients on a side stream equal those on one stream", "[autograd][cuda][wgrad_stream]") {
-  TANDEM_REQUIRE_CUDA();
+// One backward with the side stream and one without: three forks and none, the same bits.
+void check_side_stream_equals_one_stream(bool autocast) {
   int64_t forks_on = 0, forks_off = 0;
-  const auto on = backward_once(true, &forks_on);
-  const auto off = backward_once(false, &forks_off);
-  // The second convolution and both linear layers compute dx as well: three forks. The first
-  // convolution's input needs no gradient, so its weight gradient stays on the main stream.
+  const auto on = backward_once(true, &forks_on, autocast);
+  const auto off = backward_once(false, &forks_off, autocast);
   CHECK(forks_on == 3);
   CHECK(forks_off == 0);
   REQUIRE(on.size() == off.size());
@@ -107,20 +102,21 @@ TEST_CASE("weight gradients on a side stream equal those on one stream", "[autog
   }
 }
 
+}  // namespace
+
+#ifdef TANDEM_WITH_CUDA
+TEST_CASE("weight gradients on a side stream equal those on one stream", "[autograd][cuda][wgrad_stream]") {
+  TANDEM_REQUIRE_CUDA();
+  // The second convolution and both linear layers compute dx as well: three forks. The first
+  // convolution's input needs no gradient, so its weight gradient stays on the main stream.
+  check_side_stream_equals_one_stream(/*autocast=*/false);
+}
+
 TEST_CASE("autocast weights' gradients go to the side stream through their conversion", "[autograd][cuda][wgrad_stream][bf16]") {
   // Each bfloat16 weight copy's gradient is cast into the float32 .grad by the layer's own
   // backward (weight_grad_destination), so the layers fork as in float32: the same three.
   TANDEM_REQUIRE_CUDA();
-  int64_t forks_on = 0, forks_off = 0;
-  const auto on = backward_once(true, &forks_on, /*autocast=*/true);
-  const auto off = backward_once(false, &forks_off, /*autocast=*/true);
-  CHECK(forks_on == 3);
-  CHECK(forks_off == 0);
-  REQUIRE(on.size() == off.size());
-  for (size_t k = 0; k < on.size(); ++k) {
-    INFO("parameter " << k);
-    CHECK(on[k] == off[k]);
-  }
+  check_side_stream_equals_one_stream(/*autocast=*/true);
 }
 
 TEST_CASE("a leaf's hook and a second use of a parameter wait for the side stream", "[autograd][cuda][wgrad_stream]") {

@@ -77,6 +77,16 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
   const test::SettingRestore restore_join(set_fuse_bn_add_relu, fuse_bn_add_relu);
   OneRank job("gloo");
   Generator gen(5);
+  // One step of a and of b (b: a with SyncBatchNorm): the same output and gradients, bit for bit.
+  const auto same_step = [](nn::Module& a, nn::Module& b, const Tensor& x) {
+    a.zero_grad(), b.zero_grad();
+    Tensor ya = a(x), yb = b(x);
+    CHECK(same_bits(ya, yb));
+    sum(mul(ya, ya)).backward();
+    sum(mul(yb, yb)).backward();
+    auto pa = a.parameters(), pb = b.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) CHECK(same_bits(pa[k].grad(), pb[k].grad()));
+  };
   for (bool fuse : {false, true}) {
     set_fuse_bn_relu(fuse);
     set_fuse_conv_bias(fuse);
@@ -88,13 +98,7 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
     REQUIRE(count_modules<nn::SyncBatchNorm>(*b) == 1);
     const Tensor x = randn({4, 2, 5, 5}, kFloat32, kCPU, &gen);
     for (int step = 0; step < 2; ++step) {
-      a->zero_grad(), b->zero_grad();
-      Tensor ya = (*a)(x), yb = (*b)(x);
-      CHECK(same_bits(ya, yb));
-      sum(mul(ya, ya)).backward();
-      sum(mul(yb, yb)).backward();
-      auto pa = a->parameters(), pb = b->parameters();
-      for (size_t k = 0; k < pa.size(); ++k) CHECK(same_bits(pa[k].grad(), pb[k].grad()));
+      same_step(*a, *b, x);
       auto sa = a->buffers(), sb = b->buffers();
       for (size_t k = 0; k < sa.size(); ++k) CHECK(same_bits(sa[k], sb[k]));
     }
@@ -108,14 +112,7 @@ TEST_CASE("SyncBatchNorm over a group of one is BatchNorm2d bit for bit, also in
     auto b = std::dynamic_pointer_cast<nn::Residual>(a->clone());
     nn::convert_sync_batchnorm(b, job.group);
     REQUIRE(count_modules<nn::SyncBatchNorm>(*b) == 2);
-    const Tensor x = randn({4, 2, 5, 5}, kFloat32, kCPU, &gen);
-    a->zero_grad(), b->zero_grad();
-    Tensor ya = (*a)(x), yb = (*b)(x);
-    CHECK(same_bits(ya, yb));
-    sum(mul(ya, ya)).backward();
-    sum(mul(yb, yb)).backward();
-    auto pa = a->parameters(), pb = b->parameters();
-    for (size_t k = 0; k < pa.size(); ++k) CHECK(same_bits(pa[k].grad(), pb[k].grad()));
+    same_step(*a, *b, randn({4, 2, 5, 5}, kFloat32, kCPU, &gen));
   }
 }
 

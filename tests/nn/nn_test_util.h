@@ -23,6 +23,13 @@ struct SettingRestore {
   bool prev;
 };
 
+// How many of `v` are exactly zero (that a fused ReLU did something: some outputs zero, some not).
+inline size_t zeros_in(const std::vector<double>& v) {
+  size_t n = 0;
+  for (double x : v) n += x == 0.0;
+  return n;
+}
+
 // A training step of `model` with a fusion setting on against one of its clone with it off, on
 // device d and in `format`: the same output, parameter gradients and buffers (running
 // statistics), bit for bit. The setting is restored.

@@ -129,10 +129,7 @@ TEST_CASE("activation_pool2d is pooling of the activation, forward and backward"
   }();
   for (const Case& c : cases()) {
     INFO(c.name());
-    const DType dt = c.dt;
-    const Activation act = c.act;
-    const PoolMode mode = c.mode;
-    const Pool2dParams& p = c.p;
+    const auto& [dt, act, mode, p] = c;
     const Tensor z = uniform({3, 2, 8, 9}, -2.0, 2.0, dt);
     const Tensor zt = ties.to(dt);
     const Shape ys = kernels::pool2d(PoolMode::Avg, z, p).shape();
@@ -221,10 +218,7 @@ TEST_CASE("activation_pool2d and its backward name the shapes at fault", "[kerne
 TEST_CASE("activation_pool2d with a conv's bias is pooling of the activation of z + bias", "[nn][cuda]") {
   for (const Case& c : cases()) {
     INFO(c.name());
-    const DType dt = c.dt;
-    const Activation act = c.act;
-    const PoolMode mode = c.mode;
-    const Pool2dParams& p = c.p;
+    const auto& [dt, act, mode, p] = c;
     const Tensor z = uniform({3, 4, 8, 9}, -2.0, 2.0, dt), bias = uniform({4}, -1.0, 1.0, dt);
     const Tensor dy = uniform(kernels::pool2d(PoolMode::Avg, z, p).shape(), -1.0, 1.0, dt);
     for (const Device d : test::test_devices()) {

@@ -87,8 +87,7 @@ TEST_CASE("batch_norm_add_relu is add_relu(batch_norm, residual) bit for bit, fo
             const std::vector<double> y = values(one.y);
             REQUIRE(y == values(two.y));
             // The join did something: some outputs are zero, some are not.
-            size_t zeros_seen = 0;
-            for (double v : y) zeros_seen += v == 0.0;
+            const size_t zeros_seen = test::zeros_in(y);
             CHECK(zeros_seen > y.size() / 10);
             CHECK(zeros_seen < y.size() * 9 / 10);
             CHECK(values(one.dx) == values(two.dx));

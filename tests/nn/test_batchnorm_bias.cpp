@@ -142,8 +142,7 @@ TEST_CASE("batch_norm_bias is the conv's bias add then batch_norm, bit for bit",
             REQUIRE(y == values(two.y));
             CHECK(one.y.is_contiguous(fmt));
             if (k.relu) {  // the ReLU did something: some outputs are zero, some are not
-              size_t zeros_seen = 0;
-              for (double v : y) zeros_seen += v == 0.0;
+              const size_t zeros_seen = test::zeros_in(y);
               CHECK(zeros_seen > y.size() / 10);
               CHECK(zeros_seen < y.size() * 9 / 10);
             }

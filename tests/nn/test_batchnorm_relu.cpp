@@ -71,8 +71,7 @@ TEST_CASE("batch_norm_relu is relu(batch_norm) bit for bit, forward and backward
           const std::vector<double> y = values(one.y);
           REQUIRE(y == values(two.y));
           // The ReLU did something: some outputs are zero, some are not.
-          size_t zeros_seen = 0;
-          for (double v : y) zeros_seen += v == 0.0;
+          const size_t zeros_seen = test::zeros_in(y);
           CHECK(zeros_seen > y.size() / 5);
           CHECK(zeros_seen < y.size() * 4 / 5);
           CHECK(values(one.dx) == values(two.dx));
