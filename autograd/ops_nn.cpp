@@ -241,25 +241,25 @@ Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, c
                                      residual);
   if (autograd::any_requires_grad({&x, &bias, &gamma, &beta, &residual})) {
     const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta),
-               nr = needs_grad(residual), joined = residual.defined();
+               nr = needs_grad(residual);
     // With the ReLU the node keeps its output, whose zeros mask the incoming gradient (as the
     // ReLU node keeps its own). With a bias it keeps z and the bias, never z + bias.
     record(name, {x, bias, gamma, beta, residual}, {r.y},
-           [nx, nbias, ng, nb, nr, joined, x = saved(x), bias = saved(bias), gamma = saved(gamma),
+           [nx, nbias, ng, nb, nr, x = saved(x), bias = saved(bias), gamma = saved(gamma),
             mean = r.save_mean, invstd = r.save_invstd,
             y = relu ? saved(r.y) : Tensor()](TensorList&& g) -> TensorList {
-             // The join's backward first, as AddRelu's: the masked gradient, which is both the
-             // batch norm's output gradient and the residual's.
-             const Tensor dy = joined ? kernels::binary(BinaryOp::ReluBackward, g[0], y) : g[0];
+             // The join's backward as AddRelu's: the masked gradient, which is both the batch
+             // norm's output gradient and the residual's; the batch norm's backward masks it as it
+             // reads it, and writes it out for the residual (kernels::batch_norm_backward's
+             // masked_dy).
              // gamma's and beta's gradients straight into their zeroed .grad where they can
              // (Note [gradients written in place]).
              const Shape cs{x.size(1)};
              const Tensor dg_to = ng ? autograd::grad_destination(2, cs, mean.dtype(), x.device()) : Tensor();
              const Tensor db_to = nb ? autograd::grad_destination(3, cs, mean.dtype(), x.device()) : Tensor();
-             auto d = kernels::batch_norm_backward(dy, x, gamma, mean, invstd, joined ? Tensor() : y, bias, nbias,
-                                                   dg_to, db_to);
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to, nr);
              return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor(),
-                     nr ? dy : Tensor()};
+                     nr ? d.masked_dy : Tensor()};
            });
   }
   return r.y;

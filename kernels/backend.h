@@ -256,12 +256,16 @@ class Backend {
                                        const Tensor& beta, const Tensor& running_mean,
                                        const Tensor& running_var, double eps, const Tensor& y,
                                        bool relu) = 0;
-  // dx, dgamma, dbeta (and dbias) are overwritten.
+  // dx, dgamma, dbeta (and dbias) are overwritten. masked_dy (dx's shape, dtype and layout;
+  // undefined: not asked for; only with relu_out): also written, dy masked by the ReLU -- what
+  // the ReluBackward op gives, the gradient of a joined residual (Note [batch norm + residual
+  // join] in kernels/cuda/batchnorm.cu), which the CUDA kernels write in the pass that reads
+  // dy and relu_out anyway.
   virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias,
                                    const Tensor& gamma, const Tensor& save_mean,
                                    const Tensor& save_invstd, const Tensor& relu_out,
                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                   const Tensor& dbias) = 0;
+                                   const Tensor& dbias, const Tensor& masked_dy) = 0;
 
   // In-place optimizer updates on contiguous tensors of one dtype.
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,

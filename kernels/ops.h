@@ -131,18 +131,21 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& bias = Tensor());
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
-  Tensor dbias;  // [C] in x's dtype when asked for (with_dbias), else undefined
+  Tensor dbias;      // [C] in x's dtype when asked for (with_dbias), else undefined
+  Tensor masked_dy;  // dy masked by relu_out, x's shape and dtype, when asked for (with_masked_dy)
 };
 // relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU). bias: the
 // forward's; with_dbias: also dbias = the per-channel sum of dx, bit for bit
 // conv2d_backward_bias(dx). dgamma_into, dbeta_into: packed [C] tensors of save_mean's dtype
 // and device to write dgamma and dbeta into (Note [gradients written in place]); undefined:
-// fresh ones.
+// fresh ones. with_masked_dy (relu_out defined): also masked_dy = dy masked by relu_out, bit for
+// bit the ReluBackward op's, without a pass of its own on CUDA (the gradient of a residual joined
+// before the ReLU: Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out = Tensor(), const Tensor& bias = Tensor(),
                                    bool with_dbias = false, const Tensor& dgamma_into = Tensor(),
-                                   const Tensor& dbeta_into = Tensor());
+                                   const Tensor& dbeta_into = Tensor(), bool with_masked_dy = false);
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

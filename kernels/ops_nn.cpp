@@ -506,7 +506,7 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out, const Tensor& bias, bool with_dbias,
-                                   const Tensor& dgamma_into, const Tensor& dbeta_into) {
+                                   const Tensor& dgamma_into, const Tensor& dbeta_into, bool with_masked_dy) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
@@ -524,11 +524,12 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   // save_mean has the per-channel dtype and x's device (check_bn_args).
   BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), output_into(op, dgamma_into, {c}, save_mean, "dgamma"),
                    output_into(op, dbeta_into, {c}, save_mean, "dbeta"),
-                   with_dbias ? Tensor({c}, x.dtype(), x.device()) : Tensor()};
+                   with_dbias ? Tensor({c}, x.dtype(), x.device()) : Tensor(),
+                   with_masked_dy ? Tensor(x.shape(), x.dtype(), x.device(), fmt) : Tensor()};
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                          or_full(gamma, c, 1.0, x), save_mean.contiguous(), save_invstd.contiguous(),
                          relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta,
-                         g.dbias);
+                         g.dbias, g.masked_dy);
   g.dx = in_format(g.dx, fmt, want);
   return g;
 }
@@ -539,6 +540,8 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
               const SgdParams& p) {
   const char* op = "sgd_step";
   check_same_device(op, {&param});
+  TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
+               ": the masked gradient needs the ReLU's output (relu_out is undefined)");
   check_floating(op, param);
   check_optim_arg(op, param, grad, "grad");
   check_in_place(op, param, "param");
@@ -551,6 +554,7 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
     TANDEM_CHECK(momentum_buf.defined(), Value, op, ": momentum ", p.momentum,
                  " needs a momentum buffer");
     check_optim_arg(op, param, momentum_buf, "momentum_buf");
+  if (with_masked_dy) g.masked_dy = in_format(g.masked_dy, fmt, want);
     check_in_place(op, momentum_buf, "momentum_buf");
     check_state_layout(op, param, momentum_buf, "momentum_buf");
   }

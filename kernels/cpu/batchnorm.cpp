@@ -216,27 +216,27 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Te
                                      const Tensor& gamma, const Tensor& save_mean,
                                      const Tensor& save_invstd, const Tensor& relu_out,
                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                     const Tensor& dbias) {
+                                     const Tensor& dbias, const Tensor& masked_dy) {
   if (bias.defined() || dbias.defined()) {
     // The input written out again, and the bias gradient with the convolution's own routine.
     batch_norm_backward(dy, bias.defined() ? add_conv_bias(x, bias) : x, Tensor(), gamma, save_mean,
-                        save_invstd, relu_out, dx, dgamma, dbeta, Tensor());
+                        save_invstd, relu_out, dx, dgamma, dbeta, Tensor(), masked_dy);
     if (dbias.defined()) conv2d_backward_bias(dx, dbias);
     return;
   }
   if (relu_out.defined()) {
     // The ReLU's backward first, exactly as the ReluBackward op computes it; the CPU is the
     // reference, so it may take the extra pass that the CUDA kernels fuse away.
-    Tensor masked(dy.shape(), dy.dtype(), dy.device());
+    const Tensor masked = masked_dy.defined() ? masked_dy : Tensor(dy.shape(), dy.dtype(), dy.device());
     binary(BinaryOp::ReluBackward, dy, relu_out, masked);
     batch_norm_backward(masked, x, Tensor(), gamma, save_mean, save_invstd, Tensor(), dx, dgamma, dbeta,
-                        Tensor());
+                        Tensor(), Tensor());
     return;
   }
   if (x.dtype() == kBFloat16) {
     Tensor dxf(dx.shape(), kFloat32, dx.device());
     batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), Tensor(), gamma, save_mean, save_invstd, Tensor(),
-                        dxf, dgamma, dbeta, Tensor());
+                        dxf, dgamma, dbeta, Tensor(), Tensor());
     dx.copy_(dxf);
     return;
   }

@@ -117,7 +117,9 @@ __device__ inline T relu_masked(T dy, T relu_out) {
   return static_cast<C>(relu_out) > C(0) ? dy : T(0);
 }
 
-// Sums of dy and dy * (x - mean).
+// Sums of dy and dy * (x - mean), dy masked by relu_out when that is not null; with masked not
+// null too, the masked dy is also written there, as it is read (Note [batch norm + residual
+// join]).
 template <typename T, typename P>
 struct BnGradLast {
   const T* dy;
@@ -125,6 +127,7 @@ struct BnGradLast {
   const T* bias;
   const P* save_mean;
   const T* relu_out;
+  T* masked;
   template <int VEC>
   struct Loaded {
     Vec<T, VEC> dy, x, relu_out;
@@ -134,6 +137,7 @@ struct BnGradLast {
     const T* dy;
     const T* x;
     const T* relu_out;
+    T* masked;
     ChannelBias<T> b[VEC];
     double mean[VEC];
     __device__ Loaded<VEC> load(int64_t i) const {
@@ -141,6 +145,12 @@ struct BnGradLast {
       l.dy = load_vec<VEC>(dy, i);
       l.x = load_vec<VEC>(x, i);
       if (relu_out != nullptr) l.relu_out = load_vec<VEC>(relu_out, i);
+      if (masked != nullptr) {
+        Vec<T, VEC> m;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m.v[j] = relu_masked(l.dy.v[j], l.relu_out.v[j]);
+        *reinterpret_cast<Vec<T, VEC>*>(masked + i) = m;
+      }
       return l;
     }
     __device__ void add(const Loaded<VEC>& l, double (&sums)[VEC][2]) const {
@@ -158,6 +168,7 @@ struct BnGradLast {
     a.dy = dy;
     a.x = x;
     a.relu_out = relu_out;
+    a.masked = masked;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       a.b[j] = channel_bias(bias, c0 + j);
@@ -278,9 +289,14 @@ struct BnApply {
 // a stage-1 block's forward on an H100. Fused, the apply pass reads the shortcut beside z and
 // writes relu(y + shortcut) straight away, with AddRelu's own arithmetic (the batch-norm value
 // rounded to T, the sum rounded to T, then the ReLU), so the output is the same bits. The
-// backward is unchanged: the join's ReluBackward writes the masked gradient -- the shortcut's
-// gradient too -- and batch norm's backward runs on it (autograd's batch_norm_add_relu). The
-// CPU, the reference, applies the batch norm and then the join's own kernel.
+// backward is the join's ReluBackward -- the masked gradient, which is the shortcut's gradient
+// too -- and batch norm's backward on it. As two ops that is a pass of its own (read dy and the
+// output, write the masked dy) before batch norm's two passes read the masked dy: instead, channels-last,
+// batch norm's partial sums mask dy as they read it (as after a plain batch norm + ReLU) and
+// write the masked dy out for the shortcut, and the dx pass reads that; NCHW keeps the pass of
+// its own (kernels::batch_norm_backward's masked_dy). The values are the same bits either way.
+// The CPU, the reference, applies the batch norm and then the join's own kernel, and masks dy
+// in a pass of its own.
 template <typename T, typename P, bool Biased>
 struct BnApplyAddRelu {
   const P* coef;  // (mean, scale, shift) per channel
@@ -502,7 +518,7 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
                                       const Tensor& gamma, const Tensor& save_mean,
                                       const Tensor& save_invstd, const Tensor& relu_out,
                                       const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                      const Tensor& dbias) {
+                                      const Tensor& dbias, const Tensor& masked_dy) {
   if (x.size(1) == 0) return;
   if (x.numel() == 0) {
     fill(dgamma, 0.0);
@@ -518,26 +534,35 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
     using P = opmath_t<T>;
     const T* mask = relu_out.defined() ? gpu::cptr<T>(relu_out) : nullptr;
     const T* b = bias.defined() ? gpu::cptr<T>(bias) : nullptr;
+    const T* grad = gpu::cptr<T>(dy);  // what the dx pass reads: dy, or the masked dy written out
     gpu::ChannelSplit g;
     Tensor partial;
     if (gpu::channels_last_of(x)) {
+      // The masked dy written by the partials as they read dy and the mask; the dx pass then
+      // reads it instead of both.
+      T* masked = masked_dy.defined() ? gpu::ptr<T>(masked_dy) : nullptr;
       g = gpu::launch_partials_last<2, T>(
-          x, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask}, partial,
-          stream, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
+          x, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, masked},
+          partial, stream, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask, static_cast<const T*>(masked));
+      if (masked != nullptr) grad = masked, mask = nullptr;
     } else {
+      if (masked_dy.defined()) {  // a pass of its own, as the ReluBackward op
+        binary(BinaryOp::ReluBackward, dy, relu_out, masked_dy);
+        grad = gpu::cptr<T>(masked_dy), mask = nullptr;
+      }
       g = gpu::channel_split_of(x);
       partial = empty({g.c * g.splits * 2}, kFloat64, x.device());
       gpu::with_channel_vec<T>(g.hw, [&](auto vec) {
         gpu::bn_grad_partials<vec.value, T, P><<<gpu::split_grid(g), gpu::kSplitBlock, 0, stream>>>(
-            gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
-      }, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask);
+            grad, gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, gpu::ptr<double>(partial), g);
+      }, grad, gpu::cptr<T>(x), mask);
       TANDEM_CUDA_CHECK_LAUNCH();
     }
     gpu::bn_grad_finish<P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
         gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
         gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);
     TANDEM_CUDA_CHECK_LAUNCH();
-    gpu::bn_grad_apply<T, P>(x, bias, coef, gpu::cptr<T>(dy), mask, dx, dbias, stream);
+    gpu::bn_grad_apply<T, P>(x, bias, coef, grad, mask, dx, dbias, stream);
   });
 }
 

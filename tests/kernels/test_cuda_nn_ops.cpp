@@ -361,6 +361,16 @@ TEST_CASE("cuda channels-last batch norm and channel sums in every tile shape", 
                 act_tol);
           // The dx pass sums dx as the convolution's bias gradient does, bit for bit.
           CHECK(values(gg.dbias) == values(kernels::conv2d_backward_bias(gg.dx)));
+          // With the masked dy written out (a joined residual's gradient, by the partial sums):
+          // ReluBackward's bits, and every gradient the bits of the backward without it.
+          auto gm = kernels::batch_norm_backward(cl(dy), cl(z), gpu(gamma), rg.save_mean, rg.save_invstd, rg.y, bg,
+                                                 true, Tensor(), Tensor(), true);
+          CHECK(gm.masked_dy.is_contiguous(MemoryFormat::ChannelsLast));
+          CHECK(values(gm.masked_dy) == values(kernels::binary(BinaryOp::ReluBackward, cl(dy), rg.y)));
+          CHECK(values(gm.dx) == values(gg.dx));
+          CHECK(values(gm.dgamma) == values(gg.dgamma));
+          CHECK(values(gm.dbeta) == values(gg.dbeta));
+          CHECK(values(gm.dbias) == values(gg.dbias));
         }
       }
     }

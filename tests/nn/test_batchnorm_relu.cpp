@@ -141,4 +141,10 @@ TEST_CASE("batch_norm_backward names a ReLU mask of the wrong shape or dtype", "
   CHECK(test::contains(msg, shape_str({4, 2})));
   test::error_message<DTypeError>(
       [&] { kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, zeros({4, 3}, kFloat64)); });
+  // The masked gradient without a mask to take it from.
+  CHECK(test::contains(test::error_message<ValueError>([&] {
+                         kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), Tensor(), false,
+                                                      Tensor(), Tensor(), true);
+                       }),
+                       "relu_out is undefined"));
 }
