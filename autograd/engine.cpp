@@ -18,14 +18,23 @@ namespace {
 struct NodeTask {
   std::shared_ptr<Node> node;
   TensorList grads;          // one slot per node output, summed as gradients arrive
+  TensorList parts;          // per output, a gradient not yet added to grads' (Note [gradient parts])
   int64_t dependencies = 0;  // edges from not-yet-run nodes of this graph
 };
 
 using TaskMap = std::unordered_map<Node*, NodeTask>;
 
+// Whether the node may be handed g apart from `first`, an earlier gradient of the same output
+// (Note [gradient parts]).
+bool keeps_apart(const Node& node, const Tensor& first, const Tensor& g) {
+  return node.sums_gradient_parts && node.tensor_hooks.empty() && node.retained_grads.empty() &&
+         g.dtype() == first.dtype() && g.device() == first.device() && g.strides() == first.strides();
+}
+
 // Adds g into the input buffer slot `input_nr` of `task`. The first gradient is kept as is;
 // later ones are summed out of place, because a backward may hand the same tensor to several
 // inputs (add's gradient is g for both sides) and in-place summation would corrupt the others.
+// A node that sums its gradient parts gets the last one apart (Note [gradient parts]).
 void accumulate(NodeTask& task, uint32_t input_nr, Tensor&& g) {
   Node& node = *task.node;
   TANDEM_CHECK(input_nr < node.num_outputs, Error, "backward: ", node.name(), " has ",
@@ -40,7 +49,22 @@ void accumulate(NodeTask& task, uint32_t input_nr, Tensor&& g) {
                " of ", node.name(), " disagree in shape: ", shape_str(slot.shape()), " vs ",
                shape_str(g.shape()));
   join_weight_grad_streams();  // either may have been written there (Note [weight gradients on a second stream])
+  if (keeps_apart(node, slot, g)) {
+    if (task.parts.size() < node.num_outputs) task.parts.resize(node.num_outputs);
+    Tensor& part = task.parts[input_nr];
+    if (part.defined()) slot = kernels::binary(BinaryOp::Add, slot, part);  // (g1 + g2) + g3, as ever
+    part = std::move(g);
+    return;
+  }
   slot = kernels::binary(BinaryOp::Add, slot, g);
+}
+
+// Adds the parts still apart into their gradients (a hook registered since they arrived).
+void add_parts(TensorList& grads, TensorList& parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].defined()) grads[i] = kernels::binary(BinaryOp::Add, grads[i], parts[i]);
+    parts[i] = Tensor();
+  }
 }
 
 // Every node reachable from the roots, with the number of edges that point at it.
@@ -146,6 +170,9 @@ thread_local TaskMap* t_tasks = nullptr;
 
 // The node whose backward function this thread is running (for grad_destination).
 thread_local Node* running_node = nullptr;
+
+// Its gradient parts not yet taken (Note [gradient parts]).
+thread_local TensorList* running_parts = nullptr;
 
 // Note [tensor hooks]
 // Tensor::register_hook stores its hook on the node that will receive the tensor's gradient:
@@ -263,11 +290,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     TensorList input_grads;
     if (any_defined(grads)) {
       grads.resize(n->num_outputs);
+      TensorList parts = std::move(task.parts);
+      parts.resize(n->num_outputs);
+      if (!n->tensor_hooks.empty() || !n->retained_grads.empty()) add_parts(grads, parts);
       run_tensor_hooks(*n, grads);
       {
         const ScopedPointer<Node> running(running_node, n);
+        const ScopedPointer<TensorList> running_parts_of(running_parts, &parts);
         input_grads = n->apply(std::move(grads));
       }
+      TANDEM_CHECK(!any_defined(parts), Error, "backward: ", n->name(),
+                   " left a second gradient of an output unsummed (Note [gradient parts] in autograd/node.h)");
       if (AnomalyMode::is_enabled()) [[unlikely]] {
         join_weight_grad_streams();  // it reads the gradients, some perhaps written on a side stream
         detail::anomaly_check_backward(*n, input_grads);
@@ -354,6 +387,13 @@ Tensor written_into(const Tensor& g, const Tensor& to) {
   if (!to.defined() || !g.defined()) return g;
   if (!g.same(to)) to.copy_(g);
   return to;
+}
+
+Tensor take_gradient_part(uint32_t output_nr) {
+  if (running_parts == nullptr || output_nr >= running_parts->size()) return {};
+  Tensor part = std::move((*running_parts)[output_nr]);
+  (*running_parts)[output_nr] = Tensor();
+  return part;
 }
 
 bool is_lent_grad(uint32_t input_nr, const Tensor& g) {

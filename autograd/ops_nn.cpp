@@ -257,10 +257,14 @@ Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, c
              const Shape cs{x.size(1)};
              const Tensor dg_to = ng ? autograd::grad_destination(2, cs, mean.dtype(), x.device()) : Tensor();
              const Tensor db_to = nb ? autograd::grad_destination(3, cs, mean.dtype(), x.device()) : Tensor();
-             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to, nr);
+             // A second gradient of the output (a block's output feeds the next block's convolution
+             // and its shortcut) is added as the first pass reads dy (Note [gradient parts]).
+             auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to, nr,
+                                                   autograd::take_gradient_part(0));
              return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor(),
                      nr ? d.masked_dy : Tensor()};
            });
+    autograd::meta(r.y).grad_fn->sums_gradient_parts = true;
   }
   return r.y;
 }

@@ -260,12 +260,14 @@ class Backend {
   // undefined: not asked for; only with relu_out): also written, dy masked by the ReLU -- what
   // the ReluBackward op gives, the gradient of a joined residual (Note [batch norm + residual
   // join] in kernels/cuda/batchnorm.cu), which the CUDA kernels write in the pass that reads
-  // dy and relu_out anyway.
+  // dy and relu_out anyway. dy_part (dy's shape, dtype and layout; undefined: none): a second
+  // gradient of the output, the gradient being dy + dy_part as BinaryOp::Add rounds it (Note
+  // [gradient parts] in autograd/node.h), added as it is read where the kernels can.
   virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias,
                                    const Tensor& gamma, const Tensor& save_mean,
                                    const Tensor& save_invstd, const Tensor& relu_out,
                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                   const Tensor& dbias, const Tensor& masked_dy) = 0;
+                                   const Tensor& dbias, const Tensor& masked_dy, const Tensor& dy_part) = 0;
 
   // In-place optimizer updates on contiguous tensors of one dtype.
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,

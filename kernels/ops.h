@@ -140,12 +140,15 @@ struct BatchNormGrads {
 // and device to write dgamma and dbeta into (Note [gradients written in place]); undefined:
 // fresh ones. with_masked_dy (relu_out defined): also masked_dy = dy masked by relu_out, bit for
 // bit the ReluBackward op's, without a pass of its own on CUDA (the gradient of a residual joined
-// before the ReLU: Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
+// before the ReLU: Note [batch norm + residual join] in kernels/cuda/batchnorm.cu). dy_part
+// (dy's shape, dtype and device; undefined: none): the backward of dy + dy_part, the two added
+// as they are read where the kernels can (Note [gradient parts] in autograd/node.h).
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out = Tensor(), const Tensor& bias = Tensor(),
                                    bool with_dbias = false, const Tensor& dgamma_into = Tensor(),
-                                   const Tensor& dbeta_into = Tensor(), bool with_masked_dy = false);
+                                   const Tensor& dbeta_into = Tensor(), bool with_masked_dy = false,
+                                   const Tensor& dy_part = Tensor());
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

@@ -506,7 +506,8 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out, const Tensor& bias, bool with_dbias,
-                                   const Tensor& dgamma_into, const Tensor& dbeta_into, bool with_masked_dy) {
+                                   const Tensor& dgamma_into, const Tensor& dbeta_into, bool with_masked_dy,
+                                   const Tensor& dy_part) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
@@ -529,7 +530,7 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                          or_full(gamma, c, 1.0, x), save_mean.contiguous(), save_invstd.contiguous(),
                          relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta,
-                         g.dbias, g.masked_dy);
+                         g.dbias, g.masked_dy, dy_part.defined() ? dy_part.contiguous(fmt) : Tensor());
   g.dx = in_format(g.dx, fmt, want);
   return g;
 }
@@ -539,6 +540,13 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
               const SgdParams& p) {
   const char* op = "sgd_step";
+  TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
+               ": the masked gradient needs the ReLU's output (relu_out is undefined)");
+  if (dy_part.defined()) {
+    check_same_device(op, {&dy, &dy_part});
+    check_same_dtype(op, {&dy, &dy_part});
+    check_shape(op, dy_part, x.shape(), "dy_part");
+  }
   check_same_device(op, {&param});
   TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
                ": the masked gradient needs the ReLU's output (relu_out is undefined)");

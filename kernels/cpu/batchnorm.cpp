@@ -216,11 +216,18 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Te
                                      const Tensor& gamma, const Tensor& save_mean,
                                      const Tensor& save_invstd, const Tensor& relu_out,
                                      const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                     const Tensor& dbias, const Tensor& masked_dy) {
+                                     const Tensor& dbias, const Tensor& masked_dy, const Tensor& dy_part) {
+  if (dy_part.defined()) {  // the engine's add, in a pass of its own (Note [gradient parts])
+    Tensor sum(dy.shape(), dy.dtype(), dy.device());
+    binary(BinaryOp::Add, dy, dy_part, sum);
+    batch_norm_backward(sum, x, bias, gamma, save_mean, save_invstd, relu_out, dx, dgamma, dbeta, dbias, masked_dy,
+                        Tensor());
+    return;
+  }
   if (bias.defined() || dbias.defined()) {
     // The input written out again, and the bias gradient with the convolution's own routine.
     batch_norm_backward(dy, bias.defined() ? add_conv_bias(x, bias) : x, Tensor(), gamma, save_mean,
-                        save_invstd, relu_out, dx, dgamma, dbeta, Tensor(), masked_dy);
+                        save_invstd, relu_out, dx, dgamma, dbeta, Tensor(), masked_dy, Tensor());
     if (dbias.defined()) conv2d_backward_bias(dx, dbias);
     return;
   }
@@ -230,13 +237,13 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Te
     const Tensor masked = masked_dy.defined() ? masked_dy : Tensor(dy.shape(), dy.dtype(), dy.device());
     binary(BinaryOp::ReluBackward, dy, relu_out, masked);
     batch_norm_backward(masked, x, Tensor(), gamma, save_mean, save_invstd, Tensor(), dx, dgamma, dbeta,
-                        Tensor(), Tensor());
+                        Tensor(), Tensor(), Tensor());
     return;
   }
   if (x.dtype() == kBFloat16) {
     Tensor dxf(dx.shape(), kFloat32, dx.device());
     batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), Tensor(), gamma, save_mean, save_invstd, Tensor(),
-                        dxf, dgamma, dbeta, Tensor(), Tensor());
+                        dxf, dgamma, dbeta, Tensor(), Tensor(), Tensor());
     dx.copy_(dxf);
     return;
   }

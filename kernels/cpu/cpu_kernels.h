@@ -70,7 +70,7 @@ class CpuBackend final : public Backend {
   void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& bias, const Tensor& gamma,
                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& relu_out,
                            const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                           const Tensor& dbias, const Tensor& masked_dy) override;
+                           const Tensor& dbias, const Tensor& masked_dy, const Tensor& dy_part) override;
   // optim.cpp
   void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                 const SgdParams& p) override;

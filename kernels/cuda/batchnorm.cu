@@ -117,9 +117,10 @@ __device__ inline T relu_masked(T dy, T relu_out) {
   return static_cast<C>(relu_out) > C(0) ? dy : T(0);
 }
 
-// Sums of dy and dy * (x - mean), dy masked by relu_out when that is not null; with masked not
-// null too, the masked dy is also written there, as it is read (Note [batch norm + residual
-// join]).
+// Sums of dy and dy * (x - mean), where dy is dy + dy_part when dy_part is not null (added as
+// BinaryOp::Add adds: Note [gradient parts] in autograd/node.h), masked by relu_out when that is
+// not null; with masked not null, that dy is also written there as it is read (Note [batch
+// norm + residual join]).
 template <typename T, typename P>
 struct BnGradLast {
   const T* dy;
@@ -128,6 +129,7 @@ struct BnGradLast {
   const P* save_mean;
   const T* relu_out;
   T* masked;
+  const T* dy_part;
   template <int VEC>
   struct Loaded {
     Vec<T, VEC> dy, x, relu_out;
@@ -138,6 +140,7 @@ struct BnGradLast {
     const T* x;
     const T* relu_out;
     T* masked;
+    const T* dy_part;
     ChannelBias<T> b[VEC];
     double mean[VEC];
     __device__ Loaded<VEC> load(int64_t i) const {
@@ -145,10 +148,16 @@ struct BnGradLast {
       l.dy = load_vec<VEC>(dy, i);
       l.x = load_vec<VEC>(x, i);
       if (relu_out != nullptr) l.relu_out = load_vec<VEC>(relu_out, i);
+      if (dy_part != nullptr) {
+        using C = opmath_t<T>;
+        const Vec<T, VEC> p = load_vec<VEC>(dy_part, i);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) l.dy.v[j] = static_cast<T>(static_cast<C>(l.dy.v[j]) + static_cast<C>(p.v[j]));
+      }
       if (masked != nullptr) {
         Vec<T, VEC> m;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) m.v[j] = relu_masked(l.dy.v[j], l.relu_out.v[j]);
+        for (int j = 0; j < VEC; ++j) m.v[j] = relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j];
         *reinterpret_cast<Vec<T, VEC>*>(masked + i) = m;
       }
       return l;
@@ -169,6 +178,7 @@ struct BnGradLast {
     a.x = x;
     a.relu_out = relu_out;
     a.masked = masked;
+    a.dy_part = dy_part;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       a.b[j] = channel_bias(bias, c0 + j);
@@ -518,7 +528,7 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
                                       const Tensor& gamma, const Tensor& save_mean,
                                       const Tensor& save_invstd, const Tensor& relu_out,
                                       const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                                      const Tensor& dbias, const Tensor& masked_dy) {
+                                      const Tensor& dbias, const Tensor& masked_dy, const Tensor& dy_part) {
   if (x.size(1) == 0) return;
   if (x.numel() == 0) {
     fill(dgamma, 0.0);
@@ -538,14 +548,25 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
     gpu::ChannelSplit g;
     Tensor partial;
     if (gpu::channels_last_of(x)) {
-      // The masked dy written by the partials as they read dy and the mask; the dx pass then
-      // reads it instead of both.
-      T* masked = masked_dy.defined() ? gpu::ptr<T>(masked_dy) : nullptr;
+      // The gradient as the partials read it -- dy + dy_part, masked -- written out by them when
+      // asked for or when there is a part; the dx pass then reads it instead of what it is made of.
+      const Tensor read_dy = masked_dy.defined() || !dy_part.defined()
+                                 ? masked_dy
+                                 : Tensor(dy.shape(), dy.dtype(), dy.device(), MemoryFormat::ChannelsLast);
+      T* masked = read_dy.defined() ? gpu::ptr<T>(read_dy) : nullptr;
+      const T* part = dy_part.defined() ? gpu::cptr<T>(dy_part) : nullptr;
       g = gpu::launch_partials_last<2, T>(
-          x, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, masked},
-          partial, stream, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask, static_cast<const T*>(masked));
+          x, gpu::BnGradLast<T, P>{gpu::cptr<T>(dy), gpu::cptr<T>(x), b, gpu::cptr<P>(save_mean), mask, masked, part},
+          partial, stream, gpu::cptr<T>(dy), gpu::cptr<T>(x), mask, static_cast<const T*>(masked), part);
       if (masked != nullptr) grad = masked, mask = nullptr;
     } else {
+      if (dy_part.defined()) {  // the engine's add, in a pass of its own
+        Tensor sum(dy.shape(), dy.dtype(), dy.device());
+        binary(BinaryOp::Add, dy, dy_part, sum);
+        batch_norm_backward(sum, x, bias, gamma, save_mean, save_invstd, relu_out, dx, dgamma, dbeta, dbias,
+                            masked_dy, Tensor());
+        return;
+      }
       if (masked_dy.defined()) {  // a pass of its own, as the ReluBackward op
         binary(BinaryOp::ReluBackward, dy, relu_out, masked_dy);
         grad = gpu::cptr<T>(masked_dy), mask = nullptr;
