@@ -23,6 +23,13 @@ std::atomic<bool>& flag() {
 
 std::atomic<int64_t> g_forks{0};
 
+// The side stream's priority (Note [stream priorities]): Background unless
+// TANDEM_WGRAD_STREAM_BACKGROUND=0, read when a thread first forks on a device.
+StreamPriority side_priority() {
+  const char* v = std::getenv("TANDEM_WGRAD_STREAM_BACKGROUND");
+  return v == nullptr || v[0] == '\0' || v[0] == '1' ? StreamPriority::Background : StreamPriority::Normal;
+}
+
 // A thread's side stream of one device and its two events: the fork (recorded on the main
 // stream, waited for by the side stream) and the end of the side stream's last work (waited
 // for by the join). An event may be recorded again once its waits are enqueued, so two are
@@ -38,7 +45,7 @@ Side& side_of(Device d) {
   thread_local std::vector<Side*>* sides = new std::vector<Side*>();
   if (static_cast<int>(sides->size()) <= d.index) sides->resize(d.index + 1, nullptr);
   Side*& s = (*sides)[d.index];
-  if (s == nullptr) s = new Side{Stream::create(d), Event(), Event()};
+  if (s == nullptr) s = new Side{Stream::create(d, side_priority()), Event(), Event()};
   return *s;
 }
 

@@ -141,7 +141,8 @@ void CUDAGraph::capture_end() {
   }
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
   cudaGraphExec_t exec = nullptr;
-  err = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  // Each kernel keeps the priority of the stream it was captured on (Note [stream priorities]).
+  err = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   if (err != cudaSuccess) {
     cudaGraphDestroy(graph);
     memory_.reset();

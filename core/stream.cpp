@@ -14,6 +14,19 @@ namespace tandem {
 namespace {
 
 #ifdef TANDEM_WITH_CUDA
+// The CUDA priority of a level (Note [stream priorities]) on the current device: lower numbers
+// run first; Normal is one above the lowest, leaving the lowest to Background.
+int cuda_priority(StreamPriority p) {
+  int lowest = 0, greatest = 0;
+  TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &greatest));
+  switch (p) {
+    case StreamPriority::Background: return lowest;
+    case StreamPriority::High: return greatest;
+    case StreamPriority::Normal: break;
+  }
+  return greatest < lowest ? lowest - 1 : lowest;
+}
+
 // Default streams, one per device, created on first use and kept for the process lifetime
 // (destroying streams at exit races with other static destructors; the driver reclaims them).
 std::mutex g_stream_mu;
@@ -25,7 +38,7 @@ cudaStream_t default_cuda_stream(int index) {
   if (!g_default_streams[index]) {
     DeviceGuard g(Device::cuda(index));
     cudaStream_t s;
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, cuda_priority(StreamPriority::Normal)));
     g_default_streams[index] = s;
   }
   return g_default_streams[index];
@@ -48,19 +61,17 @@ Stream Stream::default_stream(Device d) {
   return Stream(d, nullptr);
 }
 
-Stream Stream::create(Device d, bool high_priority) {
+Stream Stream::create(Device d, StreamPriority priority) {
 #ifdef TANDEM_WITH_CUDA
   if (d.is_cuda()) {
     check_device_exists(d);
     DeviceGuard g(d);
-    int lo = 0, hi = 0;
-    TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     cudaStream_t s;
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? hi : lo));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, cuda_priority(priority)));
     return Stream(d, s);
   }
 #endif
-  (void)high_priority;
+  (void)priority;
   return Stream(d, nullptr);
 }
 

@@ -16,6 +16,17 @@
 
 namespace tandem {
 
+// Note [stream priorities]: where two streams of a device both have blocks ready to run, the
+// GPU starts those of the higher-priority stream first. tandem uses three levels: the default
+// streams, and streams created without asking for more, are Normal; a process group's
+// communication stream may be High (its collectives then cut in); Background is below the
+// default streams, for work that should only fill what they leave idle -- a backward pass's
+// weight gradients, which nothing waits for until the step's end (Note [weight gradients on a
+// second stream] in autograd/grad_stream.h). A CUDA graph keeps each captured kernel's priority
+// (core/cuda_graph.cpp instantiates with per-node priorities). Where the device offers fewer
+// levels, neighbouring ones coincide.
+enum class StreamPriority { Background, Normal, High };
+
 class Stream {
  public:
   Stream() = default;
@@ -24,7 +35,10 @@ class Stream {
   // The default stream of a device (created on first use for CUDA).
   static Stream default_stream(Device d);
   // A new stream on d, owned by tandem for the life of the process (pooled).
-  static Stream create(Device d, bool high_priority = false);
+  static Stream create(Device d, StreamPriority priority = StreamPriority::Normal);
+  static Stream create(Device d, bool high_priority) {
+    return create(d, high_priority ? StreamPriority::High : StreamPriority::Normal);
+  }
 
   Device device() const { return device_; }
   void* handle() const { return handle_; }  // cudaStream_t; nullptr on CPU

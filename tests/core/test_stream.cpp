@@ -136,3 +136,28 @@ TEST_CASE("a CUDA event orders one stream after another without a host sync", "[
   on_cpu.record(current_stream(kCPU));
   CHECK(contains(error_message<DeviceError>([&] { on_cpu.elapsed_ms(done); }), "events on cpu:0 and cuda:0"));
 }
+
+#ifdef TANDEM_WITH_CUDA
+#include <cuda_runtime.h>
+
+TEST_CASE("CUDA stream priorities: background below the default streams, high above them", "[core][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device d = Device::cuda(0);
+  const auto priority = [](const Stream& s) {
+    int p = 0;
+    REQUIRE(cudaStreamGetPriority(static_cast<cudaStream_t>(s.handle()), &p) == cudaSuccess);
+    return p;
+  };
+  int lowest = 0, greatest = 0;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&lowest, &greatest) == cudaSuccess);
+  const int normal = priority(Stream::default_stream(d));
+  CHECK(priority(Stream::create(d)) == normal);
+  CHECK(priority(Stream::create(d, false)) == normal);
+  CHECK(priority(Stream::create(d, StreamPriority::Background)) == lowest);
+  CHECK(priority(Stream::create(d, true)) == greatest);
+  if (greatest < lowest - 1) {  // lower numbers run first: background below normal below high
+    CHECK(lowest > normal);
+    CHECK(normal > greatest);
+  }
+}
+#endif
