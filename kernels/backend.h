@@ -180,11 +180,16 @@ class Backend {
   virtual void conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                                      const Tensor& dx) = 0;
   // dw [K, C, R, S] = correlation of x with dy (overwrites dw); db [K] (if defined) = sum of dy.
+  // For bfloat16 x and dy, dw and db may be float32 (both, when db is defined): the gradient of
+  // an autocast weight written into its float32 .grad (kernels::conv2d_backward_weight's
+  // dw_into); each sum is then rounded to float32 instead of bfloat16 where the kernel can (CPU;
+  // CUDA's one-channel kernels), else computed in bfloat16 and converted.
   virtual void conv2d_backward_weight(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
                                       const Tensor& dw, const Tensor& db) = 0;
   // db [K] = sum of dy [N, K, P, Q] over every dim but 1 (overwrites db): the bias gradient that
   // conv2d_backward_weight computes, the same bits (CUDA: but for the layers of Note [direct
-  // convolution], whose kernel sums it with the weight gradient). dy contiguous, or
+  // convolution] and Note [one-input-channel convolution], whose kernels sum it with the weight
+  // gradient). dy contiguous, or
   // channels-last where supports_channels_last().
   virtual void conv2d_backward_bias(const Tensor& dy, const Tensor& db) = 0;
 
@@ -312,6 +317,14 @@ class Backend {
 //   TANDEM_DIRECT_CONV=0 turns it off.
 void set_direct_conv(bool on);
 bool direct_conv();
+// one_channel_conv (default true): convolutions of one input channel (a first layer on grey
+//   images: ResNet-18's stem on Fashion-MNIST), stride 1 or 2, filters up to 7x7, in bfloat16,
+//   float32 or float64 with the output in either memory format, run tandem's own deterministic
+//   forward and weight-gradient kernels instead of cuDNN's engines, in every mode (Note
+//   [one-input-channel convolution] in kernels/cuda/conv_one_channel.cu); the layers the direct
+//   kernels take stay theirs. Environment: TANDEM_ONE_CHANNEL_CONV=0 turns it off.
+void set_one_channel_conv(bool on);
+bool one_channel_conv();
 // direct_wgrad_shape (default {0, 0}: chosen from the shapes): the launch shape of the direct
 //   weight-gradient kernel -- images per block and the target of threads per block -- for
 //   bench_conv_small's sweep and for the tests of the shapes a default does not reach. A

@@ -36,6 +36,10 @@ std::atomic<bool>& direct_conv_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_DIRECT_CONV", true)};
   return flag;
 }
+std::atomic<bool>& one_channel_conv_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_ONE_CHANNEL_CONV", true)};
+  return flag;
+}
 std::atomic<bool>& fuse_bn_relu_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_BN_RELU", true)};
   return flag;
@@ -118,6 +122,8 @@ void set_graph_memset_kernels(bool on) { graph_memset_kernels_flag() = on; }
 bool graph_memset_kernels() { return graph_memset_kernels_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }
 bool direct_conv() { return direct_conv_flag(); }
+void set_one_channel_conv(bool on) { one_channel_conv_flag() = on; }
+bool one_channel_conv() { return one_channel_conv_flag(); }
 namespace {
 DirectWgradShape& direct_wgrad_shape_setting() {
   static DirectWgradShape shape;

@@ -69,7 +69,10 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Conv2dPara
 // Returns {dw, db}; db undefined when with_bias is false. dw_into and db_into, where defined,
 // are packed (NCHW) tensors of their shape, dtype and device that the gradients are written
 // into when the kernels work in that layout (dw_into is then the dw returned; db_into always is
-// the db returned); ShapeError for another shape.
+// the db returned); ShapeError for another shape. A channels-last convolution writes dw_into
+// too where its filter has one input channel or is 1x1 (the two layouts are then the same
+// memory). For bfloat16 x and dy, dw_into and db_into may be float32 (an autocast weight's
+// .grad): the sums are then rounded to float32 where the kernels allow it (kernels/backend.h).
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& dy,
                                                  const Conv2dParams& p, const Shape& w_shape,
                                                  bool with_bias, const Tensor& dw_into = Tensor(),

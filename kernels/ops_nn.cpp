@@ -134,6 +134,21 @@ void check_step_input(const char* op, const Tensor& t, DType dtype, int64_t nume
 
 namespace {
 
+// output_into for a weight or bias gradient: also a float32 `into` for bfloat16 `like` (an
+// autocast parameter's float32 .grad; kernels/backend.h, conv2d_backward_weight).
+Tensor grad_into(const char* op, const Tensor& into, const Shape& shape, const Tensor& like,
+                 const char* name) {
+  if (!into.defined() || like.dtype() != kBFloat16 || into.dtype() != kFloat32) {
+    return output_into(op, into, shape, like, name);
+  }
+  TANDEM_CHECK(into.shape() == shape && into.is_contiguous(), Shape, op, ": ", name, " is ",
+               shape_str(into.shape()), into.is_contiguous() ? "" : " (not packed)", ", expected a packed ",
+               shape_str(shape));
+  TANDEM_CHECK(into.device() == like.device(), Device, op, ": ", name, " is on ", into.device().str(),
+               ", expected ", like.device().str());
+  return into;
+}
+
 // Note [memory formats] in core/tensor.h: a convolution runs channels-last when either of its
 // two operands is; on a backend without channels-last kernels it runs contiguous and its result
 // is converted, so the caller sees the same format on every device.
@@ -202,12 +217,20 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& x, const Tensor& 
   check_shape(op, dy, conv_out_shape(op, x.shape(), w_shape, p), "dy");
   Backend& be = backend_for(x.device());
   const MemoryFormat want = conv_format(x, dy), fmt = kernel_format(be, want);
-  // dw_into takes the kernels' output only in their layout (packed NCHW).
-  Tensor dw = dw_into.defined() ? output_into(op, dw_into, w_shape, x, "dw") : Tensor();
-  if (!dw.defined() || fmt != MemoryFormat::Contiguous) dw = Tensor(w_shape, x.dtype(), x.device(), fmt);
-  Tensor db = with_bias ? output_into(op, db_into, {w_shape[0]}, x, "db") : Tensor();
-  be.conv2d_backward_weight(x.contiguous(fmt), dy.contiguous(fmt), p, dw, db);
-  return {in_format(dw, fmt, want), db};
+  // dw_into takes the kernels' output in their layout: packed NCHW, or channels-last where a
+  // filter of one input channel (or 1x1) makes the two the same memory; it is then the dw
+  // returned, with its own strides.
+  Tensor dw = dw_into.defined() ? grad_into(op, dw_into, w_shape, x, "dw") : Tensor();
+  const bool same_memory = w_shape[1] == 1 || (w_shape[2] == 1 && w_shape[3] == 1);
+  const bool into = dw.defined() && (fmt == MemoryFormat::Contiguous || same_memory);
+  if (!into) dw = Tensor(w_shape, x.dtype(), x.device(), fmt);
+  Tensor db = with_bias ? grad_into(op, db_into, {w_shape[0]}, x, "db") : Tensor();
+  // The backend takes dw and db of one dtype: a db of the other is written from one of dw's.
+  const bool db_other = db.defined() && db.dtype() != dw.dtype();
+  const Tensor db_k = db_other ? Tensor(db.shape(), dw.dtype(), db.device()) : db;
+  be.conv2d_backward_weight(x.contiguous(fmt), dy.contiguous(fmt), p, dw, db_k);
+  if (!db_k.same(db)) db.copy_(db_k);
+  return {into ? dw : in_format(dw, fmt, want), db};
 }
 
 Tensor conv2d_backward_bias(const Tensor& dy) {
@@ -519,6 +542,13 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
     check_same_dtype(op, {&dy, &relu_out});
     check_shape(op, relu_out, x.shape(), "relu_out");
   }
+  TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
+               ": the masked gradient needs the ReLU's output (relu_out is undefined)");
+  if (dy_part.defined()) {
+    check_same_device(op, {&dy, &dy_part});
+    check_same_dtype(op, {&dy, &dy_part});
+    check_shape(op, dy_part, x.shape(), "dy_part");
+  }
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
@@ -532,6 +562,7 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
                          relu_out.defined() ? relu_out.contiguous(fmt) : Tensor(), g.dx, g.dgamma, g.dbeta,
                          g.dbias, g.masked_dy, dy_part.defined() ? dy_part.contiguous(fmt) : Tensor());
   g.dx = in_format(g.dx, fmt, want);
+  if (with_masked_dy) g.masked_dy = in_format(g.masked_dy, fmt, want);
   return g;
 }
 
@@ -540,16 +571,7 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
               const SgdParams& p) {
   const char* op = "sgd_step";
-  TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
-               ": the masked gradient needs the ReLU's output (relu_out is undefined)");
-  if (dy_part.defined()) {
-    check_same_device(op, {&dy, &dy_part});
-    check_same_dtype(op, {&dy, &dy_part});
-    check_shape(op, dy_part, x.shape(), "dy_part");
-  }
   check_same_device(op, {&param});
-  TANDEM_CHECK(!with_masked_dy || relu_out.defined(), Value, op,
-               ": the masked gradient needs the ReLU's output (relu_out is undefined)");
   check_floating(op, param);
   check_optim_arg(op, param, grad, "grad");
   check_in_place(op, param, "param");
@@ -562,7 +584,6 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
     TANDEM_CHECK(momentum_buf.defined(), Value, op, ": momentum ", p.momentum,
                  " needs a momentum buffer");
     check_optim_arg(op, param, momentum_buf, "momentum_buf");
-  if (with_masked_dy) g.masked_dy = in_format(g.masked_dy, fmt, want);
     check_in_place(op, momentum_buf, "momentum_buf");
     check_state_layout(op, param, momentum_buf, "momentum_buf");
   }

@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_graph.h"
 #include "kernels/cuda/conv_direct.h"
+#include "kernels/cuda/conv_one_channel.h"
 #include "kernels/cuda/conv_rows.h"
 #include "kernels/cuda/cudnn_util.h"
 #include "kernels/cuda/handles.h"
@@ -291,6 +292,11 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
     gpu::row_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
     return;
   }
+  // Note [one-input-channel convolution]
+  if (gpu::one_channel_conv_applies(gpu::OneChannelPass::Forward, x, w, y, p)) {
+    gpu::one_channel_conv_forward(x, w, bias, p, y, current_cuda_stream(x.device()));
+    return;
+  }
   dispatch_floating_bf16(x.dtype(), "conv2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gpu::convolve<gpu::FwdPass, T>(x.device(), x, w, y, p);
@@ -327,12 +333,32 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& dy, cons
     if (db.defined() && db.numel() > 0) fill(db, 0.0);
     return;
   }
+  const bool one_channel = (!db.defined() || db.dtype() == dw.dtype()) &&
+                           gpu::one_channel_conv_applies(gpu::OneChannelPass::BackwardWeight, x, dw, dy, p);
+  if (dw.dtype() != x.dtype() || (db.defined() && db.dtype() != x.dtype())) {
+    // float32 gradients of bfloat16 x and dy (kernels/backend.h): written directly by the
+    // one-channel kernel, else computed in bfloat16 and converted.
+    if (one_channel) {
+      gpu::one_channel_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
+      return;
+    }
+    const Tensor dw_x = empty(dw.shape(), x.dtype(), dw.device(), suggest_memory_format(dw));
+    const Tensor db_x = db.defined() ? empty(db.shape(), x.dtype(), db.device()) : Tensor();
+    conv2d_backward_weight(x, dy, p, dw_x, db_x);
+    dw.copy_(dw_x);
+    if (db.defined()) db.copy_(db_x);
+    return;
+  }
   if (gpu::direct_conv_applies(gpu::DirectPass::BackwardWeight, x, dw, dy, p)) {
     gpu::direct_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
   if (gpu::row_conv_applies(gpu::RowPass::BackwardWeight, x, dw, dy, p)) {  // Note [row convolution]
     gpu::row_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
+    return;
+  }
+  if (one_channel) {  // Note [one-input-channel convolution]
+    gpu::one_channel_conv_backward_weight(x, dy, p, dw, db, current_cuda_stream(dw.device()));
     return;
   }
   dispatch_floating_bf16(dw.dtype(), "conv2d_backward_weight", [&](auto tag) {
