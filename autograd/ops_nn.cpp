@@ -105,13 +105,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
                if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
                  side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
                }
-               // A bfloat16 layer's float32 .grad too: the kernels round their sums to float32
-               // there where they can (kernels/backend.h, conv2d_backward_weight).
-               const auto into = [&](const Tensor& to) {
-                 const bool wide = x.dtype() == kBFloat16 && to.defined() && to.dtype() == kFloat32;
-                 return autograd::direct_destination(to, wide ? kFloat32 : x.dtype());
-               };
-               std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb, into(dw_to), into(db_to));
+               std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb,
+                                                                  autograd::direct_destination(dw_to, x.dtype()),
+                                                                  autograd::direct_destination(db_to, x.dtype()));
                gw = autograd::written_into(gw, dw_to);
                gb = autograd::written_into(gb, db_to);
              }

@@ -9,7 +9,6 @@
 #ifdef TANDEM_WITH_CUDA
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
-#include "kernels/cuda/graph_memset.h"
 #endif
 
 namespace tandem {
@@ -131,13 +130,6 @@ void CUDAGraph::capture_end() {
                  " bytes allocated during the capture in use after it, so it was not kept (a replay would "
                  "reuse them; ", backed ? "they are zeroed memory now, none of the work ran" : "they never existed",
                  "; create state before capturing: Note [graph-safe steps] in core/cuda_graph.h)");
-  }
-  try {
-    gpu::memsets_to_kernels(graph);  // Note [memsets of a captured graph as kernels]
-  } catch (...) {
-    cudaGraphDestroy(graph);
-    memory_.reset();
-    throw;
   }
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &num_nodes_));
   cudaGraphExec_t exec = nullptr;

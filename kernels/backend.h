@@ -385,13 +385,6 @@ bool fuse_linear_activation();
 //   turns it off.
 void set_fuse_activation_pool(bool on);
 bool fuse_activation_pool();
-// graph_memset_kernels (default true): before a captured CUDA graph is instantiated, its memset
-//   nodes become kernel nodes writing the same bytes (Note [memsets of a captured graph as
-//   kernels] in kernels/cuda/graph_memset.cu): cuDNN's 4-byte memsets before its sm90
-//   convolutions otherwise cost several microseconds of idle GPU each. Environment:
-//   TANDEM_GRAPH_MEMSET_KERNELS=0 turns it off.
-void set_graph_memset_kernels(bool on);
-bool graph_memset_kernels();
 void set_cudnn_graph_api(bool on);
 bool cudnn_graph_api();
 void set_cudnn_deterministic(bool on);

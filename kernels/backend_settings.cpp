@@ -60,10 +60,6 @@ std::atomic<bool>& fuse_activation_pool_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_FUSE_ACT_POOL", true)};
   return flag;
 }
-std::atomic<bool>& graph_memset_kernels_flag() {
-  static std::atomic<bool> flag{env_flag("TANDEM_GRAPH_MEMSET_KERNELS", true)};
-  return flag;
-}
 constexpr const char* kRowPassesExpected =
     ": expected letters among f, d, w (forward, input gradient, weight gradient), or - for none";
 int row_pass_bit(char pass) { return pass == 'f' ? 1 : pass == 'd' ? 2 : pass == 'w' ? 4 : -1; }
@@ -118,8 +114,6 @@ void set_fuse_bn_add_relu(bool on) { fuse_bn_add_relu_flag() = on; }
 bool fuse_bn_add_relu() { return fuse_bn_add_relu_flag(); }
 void set_fuse_conv_bias(bool on) { fuse_conv_bias_flag() = on; }
 bool fuse_conv_bias() { return fuse_conv_bias_flag(); }
-void set_graph_memset_kernels(bool on) { graph_memset_kernels_flag() = on; }
-bool graph_memset_kernels() { return graph_memset_kernels_flag(); }
 void set_direct_conv(bool on) { direct_conv_flag() = on; }
 bool direct_conv() { return direct_conv_flag(); }
 void set_one_channel_conv(bool on) { one_channel_conv_flag() = on; }

@@ -10,17 +10,10 @@
 #include "autograd/ops.h"
 #include "core/cuda_graph.h"
 #include "helpers.h"
-#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
-#include "nn/nn_test_util.h"
 #include "parallel/flat_buffer.h"
 #include "parallel/replicate.h"
-#ifdef TANDEM_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "kernels/cuda/graph_memset.h"
-#endif
 
 using namespace tandem;
 using tandem::test::contains;
@@ -107,89 +100,6 @@ TEST_CASE("CUDAGraph replays captured kernels on new input values", "[core][cuda
   CHECK_FALSE(g.captured());
   CHECK(contains(error_message<ValueError>([&] { g.replay(); }), "before a successful capture"));
 }
-
-#ifdef TANDEM_WITH_CUDA
-namespace {
-
-// One memset node of a hand-built graph and what it writes, byte by byte.
-struct MemsetCase {
-  size_t offset, element_size, width, height, pitch;
-  unsigned value;
-};
-
-// The bytes of a 1 KB buffer after the memsets run in order (each after the one before):
-// replayed from a graph whose memsets were (or were not) turned into kernels.
-std::vector<unsigned char> run_memsets(const std::vector<MemsetCase>& cases, bool as_kernels, size_t* replaced) {
-  const Device gpu = Device::cuda(0);
-  const test::SettingRestore restore(set_graph_memset_kernels, graph_memset_kernels);
-  set_graph_memset_kernels(as_kernels);
-  Tensor buf = zeros({256}, kFloat32, gpu);  // 1024 bytes
-  auto* base = static_cast<char*>(buf.raw_data());
-  cudaGraph_t graph = nullptr;
-  REQUIRE(cudaGraphCreate(&graph, 0) == cudaSuccess);
-  cudaGraphNode_t prev = nullptr;
-  for (const MemsetCase& c : cases) {
-    cudaMemsetParams m{};
-    m.dst = base + c.offset;
-    m.value = c.value;
-    m.elementSize = static_cast<unsigned>(c.element_size);
-    m.width = c.width;
-    m.height = c.height;
-    m.pitch = c.pitch;
-    cudaGraphNode_t node = nullptr;
-    REQUIRE(cudaGraphAddMemsetNode(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &m) == cudaSuccess);
-    prev = node;
-  }
-  *replaced = gpu::memsets_to_kernels(graph);
-  size_t n = 0;
-  REQUIRE(cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  REQUIRE(cudaGraphGetNodes(graph, nodes.data(), &n) == cudaSuccess);
-  size_t memsets = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    REQUIRE(cudaGraphNodeGetType(node, &type) == cudaSuccess);
-    memsets += type == cudaGraphNodeTypeMemset;
-  }
-  CHECK(n == cases.size());
-  CHECK(memsets == cases.size() - *replaced);
-  cudaGraphExec_t exec = nullptr;
-  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-  REQUIRE(cudaGraphLaunch(exec, nullptr) == cudaSuccess);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::vector<unsigned char> out(1024);
-  REQUIRE(cudaMemcpy(out.data(), base, out.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return out;
-}
-
-}  // namespace
-
-TEST_CASE("memset nodes of a graph become kernels that write the same bytes in the same order",
-          "[core][cuda][cuda_graph]") {
-  TANDEM_REQUIRE_CUDA();
-  // 16-byte words (a 2-byte element), 4-byte words over three pitched rows, single bytes at an
-  // odd address, 8-byte words, and a last memset over part of the second one's bytes, which
-  // must run after it (the edge between them kept).
-  const std::vector<MemsetCase> cases = {{0, 2, 64, 1, 0, 0xBEEF},   {192, 4, 5, 3, 32, 0x01020304u},
-                                         {301, 1, 37, 1, 0, 0xAB},   {344, 1, 40, 1, 0, 0x7F},
-                                         {200, 4, 2, 2, 32, 0xFFFFFFFFu}};
-  std::vector<unsigned char> want(1024, 0);
-  for (const MemsetCase& c : cases) {
-    for (size_t r = 0; r < c.height; ++r) {
-      for (size_t b = 0; b < c.width * c.element_size; ++b) {
-        want[c.offset + r * c.pitch + b] = static_cast<unsigned char>(c.value >> (8 * (b % c.element_size)));
-      }
-    }
-  }
-  size_t replaced = 0;
-  CHECK(run_memsets(cases, false, &replaced) == want);
-  CHECK(replaced == 0);
-  CHECK(run_memsets(cases, true, &replaced) == want);
-  CHECK(replaced == cases.size());
-}
-#endif
 
 TEST_CASE("CUDAGraph refuses a capture that keeps memory allocated during it", "[core][cuda][cuda_graph]") {
   TANDEM_REQUIRE_CUDA();
