@@ -23,11 +23,11 @@ std::atomic<bool>& flag() {
 
 std::atomic<int64_t> g_forks{0};
 
-// The side stream's priority (Note [stream priorities]): Background unless
-// TANDEM_WGRAD_STREAM_BACKGROUND=0, read when a thread first forks on a device.
+// The side stream's priority (Note [stream priorities]): Normal, the main stream's, unless
+// TANDEM_WGRAD_STREAM_BACKGROUND=1; read when a thread first forks on a device.
 StreamPriority side_priority() {
   const char* v = std::getenv("TANDEM_WGRAD_STREAM_BACKGROUND");
-  return v == nullptr || v[0] == '\0' || v[0] == '1' ? StreamPriority::Background : StreamPriority::Normal;
+  return v != nullptr && v[0] == '1' ? StreamPriority::Background : StreamPriority::Normal;
 }
 
 // A thread's side stream of one device and its two events: the fork (recorded on the main

@@ -45,12 +45,12 @@ namespace tandem::autograd {
 // kernels run, only on another stream. The side stream runs its kernels one after another, so
 // two layers' weight gradients never overlap each other, only the main stream's work.
 //
-// The side stream has Background priority (Note [stream priorities] in core/stream.h): where
-// its kernels and the main stream's both have blocks ready, the main stream's -- the input
-// gradients the next node waits for -- start first, and the weight gradients fill the rest.
-// At equal priority the two shared the GPU, and an input gradient beside a weight gradient took
-// up to 2.3x its time alone (ResNet-18's second stage on an H200). TANDEM_WGRAD_STREAM_BACKGROUND=0
-// gives the side stream the main stream's priority.
+// The side stream has the main stream's priority, so the two share the GPU, and an input
+// gradient beside a weight gradient can take up to 2.3x its time alone (ResNet-18's second stage
+// on an H200). TANDEM_WGRAD_STREAM_BACKGROUND=1 puts the side stream below the main one (Note
+// [stream priorities] in core/stream.h): the input gradients' blocks then start first and the
+// weight gradients fill the rest. It is off because the starved weight gradients ended LeNet's
+// step later (5.8% faster with the side stream at equal priority, 3.5% below it, on an H100).
 //
 // On by default on CUDA devices; TANDEM_WGRAD_STREAM=0 or set_weight_grad_stream(false) turns
 // it off (every kernel on the current stream, as before). CPU devices never fork.

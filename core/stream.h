@@ -21,8 +21,8 @@ namespace tandem {
 // streams, and streams created without asking for more, are Normal; a process group's
 // communication stream may be High (its collectives then cut in); Background is below the
 // default streams, for work that should only fill what they leave idle -- a backward pass's
-// weight gradients, which nothing waits for until the step's end (Note [weight gradients on a
-// second stream] in autograd/grad_stream.h). A CUDA graph keeps each captured kernel's priority
+// weight gradients, which nothing waits for until the step's end, where asked for (Note [weight
+// gradients on a second stream] in autograd/grad_stream.h). A CUDA graph keeps each captured kernel's priority
 // (core/cuda_graph.cpp instantiates with per-node priorities). Where the device offers fewer
 // levels, neighbouring ones coincide.
 enum class StreamPriority { Background, Normal, High };
