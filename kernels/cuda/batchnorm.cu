@@ -547,12 +547,13 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
     const T* grad = gpu::cptr<T>(dy);  // what the dx pass reads: dy, or the masked dy written out
     gpu::ChannelSplit g;
     Tensor partial;
+    Tensor read_dy;  // alive until the dx pass that reads it is enqueued
     if (gpu::channels_last_of(x)) {
       // The gradient as the partials read it -- dy + dy_part, masked -- written out by them when
       // asked for or when there is a part; the dx pass then reads it instead of what it is made of.
-      const Tensor read_dy = masked_dy.defined() || !dy_part.defined()
-                                 ? masked_dy
-                                 : Tensor(dy.shape(), dy.dtype(), dy.device(), MemoryFormat::ChannelsLast);
+      read_dy = masked_dy.defined() || !dy_part.defined()
+                    ? masked_dy
+                    : Tensor(dy.shape(), dy.dtype(), dy.device(), MemoryFormat::ChannelsLast);
       T* masked = read_dy.defined() ? gpu::ptr<T>(read_dy) : nullptr;
       const T* part = dy_part.defined() ? gpu::cptr<T>(dy_part) : nullptr;
       g = gpu::launch_partials_last<2, T>(
