@@ -301,6 +301,22 @@ __device__ __forceinline__ Place place_of(const OneShape& g) {
   return pl;
 }
 
+// f(rr, ss, v) for each tap (rr, ss) of the filter -- all RM x SM when the filter fills them,
+// else those within r x s -- with v the staged input under that tap for output pixel pix.
+template <int RM, int SM, bool kExact, typename A, typename F>
+__device__ __forceinline__ void for_each_tap(const A* tile, const OneShape& g, const Place& pl, int pix, int r, int s,
+                                             F&& f) {
+  const int pr = pix / g.q, qc = pix - pr * g.q;
+  const A* in = tile + (pr - pl.row0) * g.sh * g.pitch + qc * g.sw;
+#pragma unroll
+  for (int rr = 0; rr < RM; ++rr) {
+#pragma unroll
+    for (int ss = 0; ss < SM; ++ss) {
+      if (kExact || (rr < r && ss < s)) f(rr, ss, in[rr * g.pitch + ss]);
+    }
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 template <typename T, typename TapsT, bool kLast>
@@ -343,22 +359,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int c = 0; c < CPT; ++c) b[c] = bias != nullptr ? static_cast<A>(bias[pl.k0 + c]) : A(0);
   const int pq = g.p * g.q;
   for (int pix = pl.pix0 + pl.slot; pix < pl.pix1; pix += g.slots) {
-    const int pr = pix / g.q, qc = pix - pr * g.q;
-    const A* in = tile + (pr - pl.row0) * g.sh * g.pitch + qc * g.sw;
     A acc[CPT];
 #pragma unroll
     for (int c = 0; c < CPT; ++c) acc[c] = A(0);
+    for_each_tap<RM, SM, kExact>(tile, g, pl, pix, r, s, [&](int rr, int ss, A v) {
 #pragma unroll
-    for (int rr = 0; rr < RM; ++rr) {
-#pragma unroll
-      for (int ss = 0; ss < SM; ++ss) {
-        if (kExact || (rr < r && ss < s)) {
-          const A v = in[rr * g.pitch + ss];
-#pragma unroll
-          for (int c = 0; c < CPT; ++c) acc[c] = fma(wr[rr][ss][c], v, acc[c]);
-        }
-      }
-    }
+      for (int c = 0; c < CPT; ++c) acc[c] = fma(wr[rr][ss][c], v, acc[c]);
+    });
     if (bias != nullptr) {
 #pragma unroll
       for (int c = 0; c < CPT; ++c) acc[c] += b[c];
@@ -438,19 +445,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (pix >= pl.pix1) break;
         A d[CPT];
         widen(raw[u], d);
-        const int pr = pix / g.q, qc = pix - pr * g.q;
-        const A* in = tile + (pr - pl.row0) * g.sh * g.pitch + qc * g.sw;
+        for_each_tap<RM, SM, kExact>(tile, g, pl, pix, r, s, [&](int rr, int ss, A v) {
 #pragma unroll
-        for (int rr = 0; rr < RM; ++rr) {
-#pragma unroll
-          for (int ss = 0; ss < SM; ++ss) {
-            if (kExact || (rr < r && ss < s)) {
-              const A v = in[rr * g.pitch + ss];
-#pragma unroll
-              for (int c = 0; c < CPT; ++c) acc[rr][ss][c] = fma(d[c], v, acc[rr][ss][c]);
-            }
-          }
-        }
+          for (int c = 0; c < CPT; ++c) acc[rr][ss][c] = fma(d[c], v, acc[rr][ss][c]);
+        });
         if (with_bias) {
 #pragma unroll
           for (int c = 0; c < CPT; ++c) bsum[c] += d[c];
