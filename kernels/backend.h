@@ -300,6 +300,9 @@ class Backend {
 //   engines, Note [measured engine choice] in kernels/cuda/cudnn_graph.h; cudnnFind* on the
 //   legacy path), which synchronizes once per configuration: warm up before capturing a CUDA
 //   graph. Environment: TANDEM_CUDNN_BENCHMARK=1 turns it on.
+// cudnn_benchmark_in_graph (default true): benchmark mode times each graph-API candidate as a
+//   replayed CUDA graph runs it, not as eager launches (Note [engines timed in a graph] in
+//   kernels/cuda/cudnn_graph.h). Environment: TANDEM_CUDNN_BENCHMARK_GRAPH=0 turns it off.
 // cudnn_graph_api (default true): convolutions run through cuDNN's graph API with execution
 //   plans cached per configuration, far cheaper per call on the host than cuDNN's legacy entry
 //   points (Note [cuDNN graph vs legacy calls] in kernels/cuda/cudnn_graph.h). Off, or when no
@@ -393,6 +396,8 @@ void set_allow_tf32(bool on);
 bool allow_tf32();
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
+void set_cudnn_benchmark_in_graph(bool on);
+bool cudnn_benchmark_in_graph();
 
 // Threads OpenBLAS may use for one CPU matrix product (a process-wide setting of OpenBLAS).
 // Note [one BLAS thread per virtual device]: when several virtual CPU devices train at once,

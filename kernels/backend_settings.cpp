@@ -24,6 +24,10 @@ std::atomic<bool>& benchmark_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK", false)};
   return flag;
 }
+std::atomic<bool>& benchmark_graph_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK_GRAPH", true)};
+  return flag;
+}
 std::atomic<bool>& graph_flag() {
   static std::atomic<bool> flag{!env_flag("TANDEM_CUDNN_LEGACY", false)};
   return flag;
@@ -139,5 +143,7 @@ void set_allow_tf32(bool on) { tf32_flag() = on; }
 bool allow_tf32() { return tf32_flag(); }
 void set_cudnn_benchmark(bool on) { benchmark_flag() = on; }
 bool cudnn_benchmark() { return benchmark_flag(); }
+void set_cudnn_benchmark_in_graph(bool on) { benchmark_graph_flag() = on; }
+bool cudnn_benchmark_in_graph() { return benchmark_graph_flag(); }
 
 }  // namespace tandem

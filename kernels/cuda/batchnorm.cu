@@ -1,6 +1,7 @@
 // Batch normalization over [N, C, H*W] (H*W = 1 for [N, C] inputs), or over a channels-last
 // [N * H * W, C] (Note [channels-last channel reductions]), per channel, with own
-// kernels that follow kernels/cpu/batchnorm.cpp: statistics in double, the biased variance for
+// kernels that follow kernels/cpu/batchnorm.cpp: statistics in double (Note [a thread's sums in
+// float] for a 16-bit channels-last tensor), the biased variance for
 // normalizing, the unbiased one for running_var.
 //
 // Each pass is three launches (Note [split channel reductions] in channel_reduce.cuh):
@@ -79,18 +80,19 @@ __device__ __forceinline__ ChannelBias<T> channel_bias(const T* bias, int64_t c)
 // reductions]): sums of d and d^2, d = x - x[c] (the same sample K as bn_stats_partials).
 template <typename T>
 struct BnStatsLast {
+  using sum_type = thread_sum_t<T>;  // Note [a thread's sums in float]
   const T* x;
   const T* bias;  // null: none (Note [conv bias in batch norm])
   template <int VEC>
   struct Channels {  // channels c0 .. c0 + VEC: their biases and shifts K, loaded once per thread
     const T* x;
     ChannelBias<T> b[VEC];
-    double k[VEC];
+    sum_type k[VEC];
     __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
-    __device__ void add(const Vec<T, VEC>& v, double (&sums)[VEC][2]) const {
+    __device__ void add(const Vec<T, VEC>& v, sum_type (&sums)[VEC][2]) const {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const double d = static_cast<double>(b[j](v.v[j])) - k[j];
+        const sum_type d = static_cast<sum_type>(b[j](v.v[j])) - k[j];
         sums[j][0] += d;
         sums[j][1] = fma_p(d, d, sums[j][1]);
       }
@@ -103,7 +105,7 @@ struct BnStatsLast {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       a.b[j] = channel_bias(bias, c0 + j);
-      a.k[j] = static_cast<double>(a.b[j](x[c0 + j]));
+      a.k[j] = static_cast<sum_type>(a.b[j](x[c0 + j]));
     }
     return a;
   }
@@ -123,6 +125,7 @@ __device__ inline T relu_masked(T dy, T relu_out) {
 // norm + residual join]).
 template <typename T, typename P>
 struct BnGradLast {
+  using sum_type = thread_sum_t<T>;  // Note [a thread's sums in float]
   const T* dy;
   const T* x;
   const T* bias;
@@ -142,7 +145,7 @@ struct BnGradLast {
     T* masked;
     const T* dy_part;
     ChannelBias<T> b[VEC];
-    double mean[VEC];
+    sum_type mean[VEC];
     __device__ Loaded<VEC> load(int64_t i) const {
       Loaded<VEC> l;
       l.dy = load_vec<VEC>(dy, i);
@@ -162,12 +165,13 @@ struct BnGradLast {
       }
       return l;
     }
-    __device__ void add(const Loaded<VEC>& l, double (&sums)[VEC][2]) const {
+    __device__ void add(const Loaded<VEC>& l, sum_type (&sums)[VEC][2]) const {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const double d = static_cast<double>(relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j]);
+        const sum_type d =
+            static_cast<sum_type>(relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j]);
         sums[j][0] += d;
-        sums[j][1] = fma_p(d, static_cast<double>(b[j](l.x.v[j])) - mean[j], sums[j][1]);
+        sums[j][1] = fma_p(d, static_cast<sum_type>(b[j](l.x.v[j])) - mean[j], sums[j][1]);
       }
     }
   };
@@ -182,7 +186,7 @@ struct BnGradLast {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       a.b[j] = channel_bias(bias, c0 + j);
-      a.mean[j] = static_cast<double>(save_mean[c0 + j]);
+      a.mean[j] = static_cast<sum_type>(save_mean[c0 + j]);
     }
     return a;
   }

@@ -36,7 +36,8 @@ inline ChannelSplit channel_split_of(const Tensor& t, int last_vec = 1) {
   return channel_split(n, c, n * c == 0 ? 0 : t.numel() / (n * c));
 }
 
-// out[c] = the sum of channel c of x, in double and rounded once: channel_sum_partials (or
+// out[c] = the sum of channel c of x, in double and rounded once (channels-last 16-bit x: each
+// thread's rows in float, Note [a thread's sums in float]): channel_sum_partials (or
 // channel_partials_last with SumLast) and channel_sum_finish. A convolution's bias gradient
 // (x = dy).
 template <typename T>
@@ -60,7 +61,7 @@ void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
 
 // Note [a per-channel map that sums its output]: channel_map_sum_any writes out = f(coef, in...)
 // as channel_map_any does and, in the same pass, sums what it writes per channel -- the
-// rounded T values, in double -- in exactly the order channel_sum_any would add them reading
+// rounded T values, in the same types (Note [a thread's sums in float]) -- in exactly the order channel_sum_any would add them reading
 // out afterwards: the same split (channel_split_of), the same vector width (that of out alone,
 // so an input at an offset that breaks those vectors is read element by element), the same
 // per-thread walk (for_channel_group, for_rows_last), the same block and finish reductions. So
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
   static_assert((std::is_same_v<In, T> && ...), "the inputs have the output's type");
   constexpr int N = static_cast<int>(sizeof...(In));
   const int64_t c0 = last_first_channel(g), s = blockIdx.y;
-  double sums[VEC][1] = {};
+  using S = thread_sum_t<T>;  // SumLast<T>'s (Note [a thread's sums in float])
+  S sums[VEC][1] = {};
   if (c0 < g.c) {
     decltype(f.coef_of(int64_t{0})) coef[VEC];
 #pragma unroll
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
       const Vec<T, VEC> o = map_vectors(f, coef, l, std::index_sequence_for<In...>{});
       *reinterpret_cast<Vec<T, VEC>*>(out + i) = o;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(o.v[k]);
+      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<S>(o.v[k]);
     };
     for_rows_last<last_unroll(sizeof(InputVecs<T, VEC, N>))>(g, c0, s, load, add);
   }

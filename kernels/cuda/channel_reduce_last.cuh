@@ -25,6 +25,21 @@ namespace tandem::gpu {
 // width is part of the order of the additions (it sets the tile and the row slots), so two
 // reductions that must agree bit for bit use the same one (Note [a per-channel map that sums its
 // output]).
+//
+// Note [a thread's sums in float]: a thread adds its own rows of a 16-bit tensor (bfloat16,
+// half) in float, and only the block's and the finish kernel's additions of those per-thread
+// sums are in double. An element of 8 or 11 significant bits, or the square of one, is exact in
+// float, and a thread adds a few dozen rows in ResNet-18's training step (a split of about two
+// blocks per multiprocessor over rows of a 256-image batch) -- its rounding is far below the
+// tensor's own. In double, the per-thread sums kept the vector kernels (eight channels a thread,
+// two sums each) at two blocks per multiprocessor and spent their time converting every element
+// to double (a quarter of the rate of float arithmetic on sm_90, and the conversion an eighth).
+// 32- and 64-bit tensors are summed in double throughout, as the CPU does. Like the vector
+// width, the type is part of the order and rounding of the sums: the reductions that must agree
+// bit for bit (Note [a per-channel map that sums its output]) use thread_sum_t of the same T.
+template <typename T>
+using thread_sum_t = std::conditional_t<sizeof(T) == 2, float, double>;
+
 constexpr int kLastMaxLanes = 32;
 
 // Rows a thread loads before it adds the first, for `bytes` loaded per row: about 96 bytes in
@@ -129,8 +144,8 @@ __device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c0,
 // partial[(c * splits + s) * M + m] = the block's sums of channel c, sums[k][m] of each thread
 // for its channel c0 + k, added row slot by row slot in a fixed order. Every thread of the block
 // calls it (it synchronizes), c0 >= g.c included.
-template <int VEC, int M>
-__device__ __forceinline__ void store_partials_last(const double (&sums)[VEC][M], const ChannelSplit& g, int64_t s,
+template <int VEC, int M, typename S>
+__device__ __forceinline__ void store_partials_last(const S (&sums)[VEC][M], const ChannelSplit& g, int64_t s,
                                                     double* partial) {
   __shared__ double shared[kSplitBlock * VEC];
   const int t = static_cast<int>(threadIdx.x);
@@ -140,7 +155,7 @@ __device__ __forceinline__ void store_partials_last(const double (&sums)[VEC][M]
   for (int m = 0; m < M; ++m) {
     if (m > 0) __syncthreads();  // the previous sums are read
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) shared[t * VEC + k] = sums[k][m];
+    for (int k = 0; k < VEC; ++k) shared[t * VEC + k] = static_cast<double>(sums[k][m]);
     __syncthreads();
     if (t < tile && c < g.c) {
       double sum = 0;
@@ -153,12 +168,12 @@ __device__ __forceinline__ void store_partials_last(const double (&sums)[VEC][M]
 // M partial sums per (channel, row group). acc.at<VEC>(c0) loads what channels c0 .. c0 + VEC
 // need once (a thread keeps its channels, Note [per-channel maps]) and returns a functor a:
 // a.load(i) reads element i (= row * C + c0) of every input, a.add(loaded, sums) adds it into
-// sums[k][0..M) of channel c0 + k. Launch with split_grid_last(g) and kSplitBlock threads,
-// g = channel_split_last(rows, C, VEC).
+// sums[k][0..M) of channel c0 + k, sums of Acc::sum_type (Note [a thread's sums in float]).
+// Launch with split_grid_last(g) and kSplitBlock threads, g = channel_split_last(rows, C, VEC).
 template <int VEC, int M, typename Acc>
 __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
   const int64_t c0 = last_first_channel(g), s = blockIdx.y;
-  double sums[VEC][M] = {};
+  typename Acc::sum_type sums[VEC][M] = {};
   if (c0 < g.c) {
     const auto a = acc.template at<VEC>(c0);
     constexpr int U = last_unroll(sizeof(decltype(a.load(int64_t{0}))));
@@ -170,14 +185,15 @@ __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelS
 // sums[k][0] += x[i + k]: the partials of channel_sum_finish.
 template <typename T>
 struct SumLast {
+  using sum_type = thread_sum_t<T>;
   const T* x;
   template <int VEC>
   struct Channels {
     const T* x;
     __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
-    __device__ void add(const Vec<T, VEC>& v, double (&sums)[VEC][1]) const {
+    __device__ void add(const Vec<T, VEC>& v, sum_type (&sums)[VEC][1]) const {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<double>(v.v[k]);
+      for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<sum_type>(v.v[k]);
     }
   };
   template <int VEC>

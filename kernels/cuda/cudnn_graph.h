@@ -26,6 +26,16 @@
 // as torch.backends.cudnn.benchmark is -- so it happens in a warm-up step, never inside a CUDA
 // graph capture (there the first choice is taken). The choice is a measurement: two runs may
 // pick different engines, and so differ in the last bits of their results.
+//
+// Note [engines timed in a graph]: a replayed CUDA graph does not pay what eager launches pay.
+// Many of cuDNN's sm_90 engines clear a few bytes of their workspace with a memset before the
+// kernel (4 bytes, in ResNet-18's step), and in a replayed graph each such memset node stood
+// between gaps of about 4 and 5 us where kernel follows kernel after 0.4 (26 of them, ~250 us
+// of a 3.5 ms step on an H200); launched eagerly, the memset hides behind the host's launches.
+// So benchmark mode times each candidate as the step will run it: its runs captured into a
+// small graph of their own (the stream captured thread-locally, the workspace allocated
+// before), replayed once untimed and then timed. cudnn_benchmark_in_graph() off times eager
+// launches instead, as before.
 #include <cudnn.h>
 
 #include <array>
