@@ -89,7 +89,7 @@ struct BnStatsLast {
     ChannelBias<T> b[VEC];
     sum_type k[VEC];
     __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
-    __device__ void add(const Vec<T, VEC>& v, sum_type (&sums)[VEC][2]) const {
+    __device__ void add(int64_t, const Vec<T, VEC>& v, sum_type (&sums)[VEC][2]) const {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const sum_type d = static_cast<sum_type>(b[j](v.v[j])) - k[j];
@@ -121,7 +121,7 @@ __device__ inline T relu_masked(T dy, T relu_out) {
 
 // Sums of dy and dy * (x - mean), where dy is dy + dy_part when dy_part is not null (added as
 // BinaryOp::Add adds: Note [gradient parts] in autograd/node.h), masked by relu_out when that is
-// not null; with masked not null, that dy is also written there as it is read (Note [batch
+// not null; with masked not null, that dy is also written there as it is added (Note [batch
 // norm + residual join]).
 template <typename T, typename P>
 struct BnGradLast {
@@ -135,7 +135,7 @@ struct BnGradLast {
   const T* dy_part;
   template <int VEC>
   struct Loaded {
-    Vec<T, VEC> dy, x, relu_out;
+    Vec<T, VEC> dy, x, relu_out, dy_part;
   };
   template <int VEC>
   struct Channels {  // channels c0 .. c0 + VEC: their biases and means, loaded once per thread
@@ -146,30 +146,27 @@ struct BnGradLast {
     const T* dy_part;
     ChannelBias<T> b[VEC];
     sum_type mean[VEC];
-    __device__ Loaded<VEC> load(int64_t i) const {
+    __device__ Loaded<VEC> load(int64_t i) const {  // loads only (channel_partials_last)
       Loaded<VEC> l;
       l.dy = load_vec<VEC>(dy, i);
       l.x = load_vec<VEC>(x, i);
       if (relu_out != nullptr) l.relu_out = load_vec<VEC>(relu_out, i);
-      if (dy_part != nullptr) {
-        using C = opmath_t<T>;
-        const Vec<T, VEC> p = load_vec<VEC>(dy_part, i);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) l.dy.v[j] = static_cast<T>(static_cast<C>(l.dy.v[j]) + static_cast<C>(p.v[j]));
-      }
-      if (masked != nullptr) {
-        Vec<T, VEC> m;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) m.v[j] = relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j];
-        *reinterpret_cast<Vec<T, VEC>*>(masked + i) = m;
-      }
+      if (dy_part != nullptr) l.dy_part = load_vec<VEC>(dy_part, i);
       return l;
     }
-    __device__ void add(const Loaded<VEC>& l, sum_type (&sums)[VEC][2]) const {
+    __device__ void add(int64_t i, const Loaded<VEC>& l, sum_type (&sums)[VEC][2]) const {
+      using C = opmath_t<T>;
+      Vec<T, VEC> g;  // dy (+ dy_part), masked by the ReLU's output
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const sum_type d =
-            static_cast<sum_type>(relu_out != nullptr ? relu_masked(l.dy.v[j], l.relu_out.v[j]) : l.dy.v[j]);
+        const T d = dy_part != nullptr ? static_cast<T>(static_cast<C>(l.dy.v[j]) + static_cast<C>(l.dy_part.v[j]))
+                                       : l.dy.v[j];
+        g.v[j] = relu_out != nullptr ? relu_masked(d, l.relu_out.v[j]) : d;
+      }
+      if (masked != nullptr) *reinterpret_cast<Vec<T, VEC>*>(masked + i) = g;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const sum_type d = static_cast<sum_type>(g.v[j]);
         sums[j][0] += d;
         sums[j][1] = fma_p(d, static_cast<sum_type>(b[j](l.x.v[j])) - mean[j], sums[j][1]);
       }

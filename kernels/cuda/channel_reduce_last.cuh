@@ -3,6 +3,7 @@
 // N * H * W: the counterparts of channel_reduce.cuh's [N, C, HW] kernels, with the same partial
 // layout and finish kernels.
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/channel_reduce.cuh"
@@ -65,15 +66,29 @@ inline int last_lanes(int64_t c, int vec) {
   return lanes;
 }
 
-// Vectors: about two blocks per multiprocessor in all (what the vector kernels' registers
-// allow), each thread at least kLastRowsPerThread rows. One channel per thread: about four
-// blocks per multiprocessor, at least ~4K elements per block.
+// Blocks per multiprocessor the vector kernels' split aims at: 2 (what their registers allow
+// at once), or TANDEM_LAST_SPLIT_BLOCKS (1 to 16) to measure another split -- which also
+// changes the order of the additions, the same way for every reduction that must agree.
+inline int64_t last_vector_blocks_per_sm() {
+  static const int64_t blocks = [] {
+    const char* v = std::getenv("TANDEM_LAST_SPLIT_BLOCKS");
+    if (v == nullptr || v[0] == '\0') return int64_t{2};
+    const long b = std::strtol(v, nullptr, 10);
+    TANDEM_CHECK(b >= 1 && b <= 16, Value, "TANDEM_LAST_SPLIT_BLOCKS=", v, ": expected a whole number from 1 to 16");
+    return static_cast<int64_t>(b);
+  }();
+  return blocks;
+}
+
+// Vectors: about last_vector_blocks_per_sm() blocks per multiprocessor in all, each thread at
+// least kLastRowsPerThread rows. One channel per thread: about four blocks per multiprocessor,
+// at least ~4K elements per block.
 inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
   ChannelSplit g{rows, c, 1, 1, rows, vec, last_lanes(c, vec)};
   if (rows == 0 || c == 0) return g;
   const int64_t tile = int64_t{g.lanes} * vec;
   const int64_t tiles = (c + tile - 1) / tile;
-  const int64_t by_blocks = ((vec > 1 ? 2 : 4) * 132 + tiles - 1) / tiles;
+  const int64_t by_blocks = ((vec > 1 ? last_vector_blocks_per_sm() : 4) * 132 + tiles - 1) / tiles;
   const int64_t by_work = vec > 1 ? rows / (kLastRowsPerThread * (kSplitBlock / g.lanes))
                                   : rows * std::min<int64_t>(c, tile) / 4096;
   g.splits = std::max<int64_t>(1, std::min(by_blocks, by_work));
@@ -167,8 +182,11 @@ __device__ __forceinline__ void store_partials_last(const S (&sums)[VEC][M], con
 
 // M partial sums per (channel, row group). acc.at<VEC>(c0) loads what channels c0 .. c0 + VEC
 // need once (a thread keeps its channels, Note [per-channel maps]) and returns a functor a:
-// a.load(i) reads element i (= row * C + c0) of every input, a.add(loaded, sums) adds it into
-// sums[k][0..M) of channel c0 + k, sums of Acc::sum_type (Note [a thread's sums in float]).
+// a.load(i) reads element i (= row * C + c0) of every input and nothing else (the loads of
+// several rows are issued before the first add), a.add(i, loaded, sums) adds it into
+// sums[k][0..M) of channel c0 + k, sums of Acc::sum_type (Note [a thread's sums in float]),
+// and writes what it writes there: a store between two loads would keep the compiler from
+// issuing the later load first (the pointers may alias), one row in flight at a time.
 // Launch with split_grid_last(g) and kSplitBlock threads, g = channel_split_last(rows, C, VEC).
 template <int VEC, int M, typename Acc>
 __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
@@ -177,7 +195,7 @@ __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelS
   if (c0 < g.c) {
     const auto a = acc.template at<VEC>(c0);
     constexpr int U = last_unroll(sizeof(decltype(a.load(int64_t{0}))));
-    for_rows_last<U>(g, c0, s, [&](int64_t i) { return a.load(i); }, [&](int64_t, const auto& v) { a.add(v, sums); });
+    for_rows_last<U>(g, c0, s, [&](int64_t i) { return a.load(i); }, [&](int64_t i, const auto& v) { a.add(i, v, sums); });
   }
   store_partials_last<VEC, M>(sums, g, s, partial);
 }
@@ -191,7 +209,7 @@ struct SumLast {
   struct Channels {
     const T* x;
     __device__ Vec<T, VEC> load(int64_t i) const { return load_vec<VEC>(x, i); }
-    __device__ void add(const Vec<T, VEC>& v, sum_type (&sums)[VEC][1]) const {
+    __device__ void add(int64_t, const Vec<T, VEC>& v, sum_type (&sums)[VEC][1]) const {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<sum_type>(v.v[k]);
     }
