@@ -31,10 +31,13 @@ namespace tandem::autograd {
 //   still read them. The scope keeps them alive until the join.
 // - join: the current stream waits for the side stream's last event before anything on it
 //   reads a gradient the side stream wrote: before a leaf's hooks run (a DistributedDataParallel
-//   bucket), before the engine adds a second gradient into a lent one, before tensor hooks on a
+//   bucket), when a second gradient of any tensor reaches the engine (into a lent one it may be
+//   added; and the join bounds what is kept, below), before tensor hooks on a
 //   leaf, and at the end of every backward pass (also when a node throws) -- so after
 //   backward() returns, everything is ordered on the current stream as before. The kept
-//   tensors are dropped after the join, when freeing them on the main stream is safe.
+//   tensors are dropped after the join, when freeing them on the main stream is safe; until
+//   then they stay allocated (joining only where a lent gradient is read kept every layer's dy
+//   and input of ResNet-18's backward to its end: 832 MB at the peak instead of 728).
 // - A CUDA graph captures the fork and the join as edges between two branches of the graph
 //   (the side stream joins the capture through the fork's event), and the side stream's
 //   allocations count as the capture's (capture_memory_join in core/allocator.h).
