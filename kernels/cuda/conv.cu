@@ -200,7 +200,7 @@ const ConvPlan& get_plan(cudnnHandle_t h, const Shape& xs, const Shape& ws,
   const ConvPass pass = Pass::kPass;
   const Key key{static_cast<int64_t>(pass), static_cast<int64_t>(dtype), device.index, xs[0], xs[1],
                 xs[2], xs[3], ws[0], ws[2], ws[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                tf32_for(dtype) ? 1 : 0, benchmark_mode() ? 1 : 0, alignment,
+                tf32_for(dtype) ? 1 : 0, benchmark_mode() ? (cudnn_benchmark_in_graph() ? 2 : 1) : 0, alignment,
                 (cudnn_graph_api() ? 1 : 0) + (cudnn_deterministic() ? 2 : 0), channels_last ? 1 : 0};
   auto it = plans.find(key);
   if (it != plans.end()) return *it->second;

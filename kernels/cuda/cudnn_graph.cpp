@@ -193,9 +193,12 @@ float time_runs(cudnnHandle_t h, const BackendDesc& plan, const ConvGraph::Timed
     for (int r = 0; r < runs; ++r) execute(h, plan, b.x, b.w, b.y, ws);
   };
   GraphExec g;
+  if (in_graph && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();  // a stream that cannot be captured: timed as launched instead
+    in_graph = false;
+  }
   if (in_graph) {
     cudaGraph_t graph = nullptr;
-    TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
       run_all();
     } catch (...) {

@@ -34,8 +34,11 @@
 // of a 3.5 ms step on an H200); launched eagerly, the memset hides behind the host's launches.
 // So benchmark mode times each candidate as the step will run it: its runs captured into a
 // small graph of their own (the stream captured thread-locally, the workspace allocated
-// before), replayed once untimed and then timed. cudnn_benchmark_in_graph() off times eager
-// launches instead, as before.
+// before), replayed once untimed and then timed; a stream that refuses the capture has its
+// candidates timed as launched. cudnn_benchmark_in_graph() off times eager launches always.
+// Measured on ResNet-18's step (H200, bf16, channels-last): the same speed either way (1.003),
+// and as many memsets -- the engines that win without them win with them too -- so the
+// timing is kept for what it measures, not for a gain seen yet.
 #include <cudnn.h>
 
 #include <array>
