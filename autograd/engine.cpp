@@ -48,13 +48,17 @@ void accumulate(NodeTask& task, uint32_t input_nr, Tensor&& g) {
   TANDEM_CHECK(slot.shape() == g.shape(), Shape, "backward: gradients for output ", input_nr,
                " of ", node.name(), " disagree in shape: ", shape_str(slot.shape()), " vs ",
                shape_str(g.shape()));
-  // Either gradient may have been written on the side stream (a leaf's, or an autocast weight's
-  // on its way to the leaf), and the join also drops what the side stream's kernels kept alive
-  // (Note [weight gradients on a second stream]). Joining only at those nodes kept every layer's
-  // dy and input to the end of the backward: ResNet-18's peak (bf16, batch 256) rose from 728 to
-  // 832 MB. A second gradient arrives at each block's input, so joining at every one bounds what
-  // is kept to about a block's worth.
-  join_weight_grad_streams();
+  // A leaf's gradient, or an autocast weight's on its way to the leaf, may have been written on
+  // the side stream: join before adding (Note [weight gradients on a second stream]). Input
+  // gradients never are, but what the side stream's kernels keep alive goes only at a join or
+  // a release: left to the end of the backward, every layer's dy and input stayed -- ResNet-18's
+  // peak (bf16, batch 256) rose from 728 to 832 MB. A second gradient arrives at each block's
+  // input, so releasing there bounds what is kept (Note [releasing what the side stream kept]).
+  if (node.dtype_conversion || dynamic_cast<const AccumulateGrad*>(&node) != nullptr) {
+    join_weight_grad_streams();
+  } else {
+    release_weight_grad_inputs();
+  }
   if (keeps_apart(node, slot, g)) {
     if (task.parts.size() < node.num_outputs) task.parts.resize(node.num_outputs);
     Tensor& part = task.parts[input_nr];

@@ -39,19 +39,31 @@ struct Side {
   Stream stream;
   Event fork;
   Event done;
+  Event mark;  // the side stream's work up to the last release point (release_weight_grad_inputs)
 };
 
 Side& side_of(Device d) {
   thread_local std::vector<Side*>* sides = new std::vector<Side*>();
   if (static_cast<int>(sides->size()) <= d.index) sides->resize(d.index + 1, nullptr);
   Side*& s = (*sides)[d.index];
-  if (s == nullptr) s = new Side{Stream::create(d, side_priority()), Event(), Event()};
+  if (s == nullptr) s = new Side{Stream::create(d, side_priority()), Event(), Event(), Event()};
   return *s;
 }
 
 thread_local WeightGradStreamScope* t_scope = nullptr;
 
+std::atomic<bool>& lagged_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("TANDEM_WGRAD_LAGGED_RELEASE");
+    return v != nullptr && v[0] == '1';
+  }()};
+  return on;
+}
+
 }  // namespace
+
+bool weight_grad_lagged_release() { return lagged_flag().load(std::memory_order_relaxed); }
+void set_weight_grad_lagged_release(bool on) { lagged_flag().store(on, std::memory_order_relaxed); }
 
 bool weight_grad_stream() { return flag().load(std::memory_order_relaxed); }
 void set_weight_grad_stream(bool on) { flag().store(on, std::memory_order_relaxed); }
@@ -67,7 +79,7 @@ WeightGradStream::WeightGradStream(Device device, std::initializer_list<Tensor> 
   for (auto& p : t_scope->devices_) {
     if (p.device == device) pending = &p;
   }
-  if (pending == nullptr) pending = &t_scope->devices_.emplace_back(WeightGradStreamScope::Pending{device, {}});
+  if (pending == nullptr) pending = &t_scope->devices_.emplace_back(WeightGradStreamScope::Pending{device, {}, {}});
   pending->keep.insert(pending->keep.end(), keep.begin(), keep.end());
   prev_ = main;
   set_current_stream(side.stream);
@@ -90,6 +102,15 @@ void join_weight_grad_streams() {
   if (t_scope != nullptr && t_scope->pending()) t_scope->join();
 }
 
+void release_weight_grad_inputs() {
+  if (t_scope == nullptr || !t_scope->pending()) return;
+  if (weight_grad_lagged_release()) {
+    t_scope->release_marked();
+  } else {
+    t_scope->join();
+  }
+}
+
 WeightGradStreamScope::WeightGradStreamScope() : prev_(t_scope) { t_scope = this; }
 
 WeightGradStreamScope::~WeightGradStreamScope() {
@@ -108,6 +129,23 @@ void WeightGradStreamScope::join() {
     if (main != side.stream) side.done.wait(main);
   }
   devices_.clear();  // the kept tensors go now: their frees are ordered after the wait
+}
+
+void WeightGradStreamScope::release_marked() {
+  for (Pending& p : devices_) {
+    Side& side = side_of(p.device);
+    const Stream main = current_stream(p.device);
+    if (main == side.stream) continue;
+    if (!p.marked.empty()) {
+      side.mark.wait(main);  // the side stream's work up to the last mark, which read these
+      p.marked.clear();      // their frees are ordered after the wait
+    }
+    if (!p.keep.empty()) {  // no scope is open: every kernel reading them is enqueued
+      side.mark.record(side.stream);
+      p.marked = std::move(p.keep);
+      p.keep.clear();
+    }
+  }
 }
 
 }  // namespace tandem::autograd

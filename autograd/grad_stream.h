@@ -90,6 +90,19 @@ class WeightGradStream {
 // and the tensors kept for it are dropped. A no-op when nothing is pending.
 void join_weight_grad_streams();
 
+// Note [releasing what the side stream kept]: where the engine only needs to bound what is
+// kept -- a second gradient of a non-leaf tensor arrives, each block's input in a ResNet, and
+// nothing on the main stream reads what the side stream wrote -- it calls this. By default it
+// joins (join_weight_grad_streams). With weight_grad_lagged_release() on
+// (TANDEM_WGRAD_LAGGED_RELEASE=1) it waits one release point behind instead: the main stream
+// waits for the side stream's work up to the previous call (an event recorded there), the
+// tensors kept before that call are dropped, and an event is recorded on the side stream for
+// the next call -- so the side stream keeps about a block of slack and what is kept stays
+// about two blocks' worth. Off by default until it is measured on a GPU.
+void release_weight_grad_inputs();
+bool weight_grad_lagged_release();
+void set_weight_grad_lagged_release(bool on);
+
 // The engine's part: one per run_backward, installed for this thread (the outer one is
 // restored: a hook may run a nested backward). Its destructor joins, also when a node threw.
 class WeightGradStreamScope {
@@ -99,13 +112,15 @@ class WeightGradStreamScope {
   WeightGradStreamScope(const WeightGradStreamScope&) = delete;
   WeightGradStreamScope& operator=(const WeightGradStreamScope&) = delete;
   void join();
+  void release_marked();  // Note [releasing what the side stream kept]
   bool pending() const { return !devices_.empty(); }
 
  private:
   friend class WeightGradStream;
   struct Pending {
     Device device;
-    std::vector<Tensor> keep;
+    std::vector<Tensor> keep;    // kept since the last release point
+    std::vector<Tensor> marked;  // kept before it: dropped at the next one
   };
   std::vector<Pending> devices_;
   WeightGradStreamScope* prev_;
