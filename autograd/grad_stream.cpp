@@ -55,7 +55,7 @@ thread_local WeightGradStreamScope* t_scope = nullptr;
 std::atomic<bool>& lagged_flag() {
   static std::atomic<bool> on{[] {
     const char* v = std::getenv("TANDEM_WGRAD_LAGGED_RELEASE");
-    return v != nullptr && v[0] == '1';
+    return v == nullptr || v[0] == '\0' || v[0] == '1';
   }()};
   return on;
 }
