@@ -1,6 +1,6 @@
 #pragma once
 // The elementwise ops of each Activation, for the dispatcher's compositions (kernels/ops.cpp,
-// kernels/ops_nn.cpp) where a backend has no fused kernel (Note [linear + activation] and
+// kernels/ops_conv.cpp) where a backend has no fused kernel (Note [linear + activation] and
 // Note [activation + pooling] in kernels/backend.h): the forward as a UnaryOp, and the backward
 // from the activation's output as a BinaryOp of the output's gradient g and the output y.
 // Activation::None has neither; the compositions skip it before asking.

@@ -1,6 +1,6 @@
 // The dispatcher, part 1: argument checks, broadcasting, elementwise ops, reductions and
-// matmul. (Convolution, pooling, losses, indexing, batch norm and optimizer steps are in
-// ops_nn.cpp.) Nothing here branches on the device type: outputs are allocated on the inputs'
+// matmul. (Convolution and pooling are in ops_conv.cpp, losses and indexing in ops_nn.cpp,
+// batch norm in ops_batchnorm.cpp, optimizer steps in ops_optim.cpp.) Nothing here branches on the device type: outputs are allocated on the inputs'
 // device and the work goes to backend_for(device).
 #include "kernels/ops.h"
 

@@ -90,7 +90,7 @@ Tensor random(const Shape& shape, DType dt) {
 Tensor on_gpu(const Tensor& t, MemoryFormat fmt) { return restrided(t.to(kGpu), fmt); }
 
 // Whether the kernels take the pass with the tensors the dispatcher hands the backend
-// (kernels/ops_nn.cpp: the inputs in the convolution's format, outputs made in it).
+// (kernels/ops_conv.cpp: the inputs in the convolution's format, outputs made in it).
 bool takes_forward(const Tensor& x, const Tensor& w, const Shape& ys, const Conv2dParams& p, MemoryFormat fmt) {
 #ifdef TANDEM_WITH_CUDA
   return gpu::one_channel_conv_applies(gpu::OneChannelPass::Forward, x.contiguous(fmt), w.contiguous(fmt),
