@@ -5,7 +5,7 @@
 // ResNet-18's stem on Fashion-MNIST as a step under autocast runs it (Conv2d(1, 64, 3, padding
 // 1), bfloat16, channels-last): its forward and weight gradient through cuDNN and through the
 // one-input-channel kernels (Note [one-input-channel convolution] in
-// kernels/cuda/conv_one_channel.cu).
+// kernels/cuda/conv_one_channel.cuh).
 //
 // Each figure is the median over --runs replays of a CUDA graph of 20 calls, divided by 20: the
 // time a call takes inside a replayed training step, launch gaps included. Beside the row

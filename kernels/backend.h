@@ -324,7 +324,7 @@ bool direct_conv();
 //   images: ResNet-18's stem on Fashion-MNIST), stride 1 or 2, filters up to 7x7, in bfloat16,
 //   float32 or float64 with the output in either memory format, run tandem's own deterministic
 //   forward and weight-gradient kernels instead of cuDNN's engines, in every mode (Note
-//   [one-input-channel convolution] in kernels/cuda/conv_one_channel.cu); the layers the direct
+//   [one-input-channel convolution] in kernels/cuda/conv_one_channel.cuh); the layers the direct
 //   kernels take stay theirs. Environment: TANDEM_ONE_CHANNEL_CONV=0 turns it off.
 void set_one_channel_conv(bool on);
 bool one_channel_conv();

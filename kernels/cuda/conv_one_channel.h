@@ -1,6 +1,6 @@
 #pragma once
 // tandem's own kernels for convolutions of one input channel (Note [one-input-channel
-// convolution] in conv_one_channel.cu): the forward and weight-gradient passes of a first layer
+// convolution] in conv_one_channel.cuh): the forward and weight-gradient passes of a first layer
 // on grey images (ResNet-18's stem on Fashion-MNIST), in bfloat16, float32 or float64, with the
 // output in either memory format, where cuDNN pads the channel to eight and converts layouts.
 #include <cuda_runtime.h>

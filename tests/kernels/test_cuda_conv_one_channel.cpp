@@ -1,5 +1,5 @@
 // The one-input-channel convolution kernels (Note [one-input-channel convolution] in
-// kernels/cuda/conv_one_channel.cu) against the CPU reference: the forward with and without a
+// kernels/cuda/conv_one_channel.cuh) against the CPU reference: the forward with and without a
 // bias, the weight and bias gradients, in bfloat16, float32 and float64, with channels-last and
 // NCHW outputs; 3x3, 5x5, 7x7, non-square and 1x1 filters, padding 0 to 3, strides 1 and 2, and
 // channel counts that fill a block's channel groups, leave some empty or need several blocks.
