@@ -61,8 +61,8 @@ void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
 
 // Note [a per-channel map that sums its output]: channel_map_sum_any writes out = f(coef, in...)
 // as channel_map_any does and, in the same pass, sums what it writes per channel -- the
-// rounded T values, in the same types (Note [a thread's sums in float]) -- in exactly the order channel_sum_any would add them reading
-// out afterwards: the same split (channel_split_of), the same vector width (that of out alone,
+// rounded T values, in the same types (Note [a thread's sums in float]) -- in exactly the
+// order channel_sum_any would add them reading out afterwards: the same split (channel_split_of), the same vector width (that of out alone,
 // so an input at an offset that breaks those vectors is read element by element), the same
 // per-thread walk (for_channel_group, for_rows_last), the same block and finish reductions. So
 // the sum is bit for bit channel_sum_any(out), without that second pass over out (Note [conv

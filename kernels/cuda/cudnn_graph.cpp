@@ -161,18 +161,18 @@ void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y
   execute_plan(h, plan, uids, ptrs, workspace);
 }
 
-// An event and an executable graph, destroyed with their owner.
-struct Event {
+// A raw CUDA event and an executable graph, destroyed with their owner.
+struct RawEvent {
   cudaEvent_t e = nullptr;
-  Event() { TANDEM_CUDA_CHECK(cudaEventCreate(&e)); }
-  ~Event() {
+  RawEvent() { TANDEM_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~RawEvent() {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
+  RawEvent(const RawEvent&) = delete;
+  RawEvent& operator=(const RawEvent&) = delete;
 };
 struct TimingEvents {
-  Event start, stop;
+  RawEvent start, stop;
 };
 struct GraphExec {
   cudaGraphExec_t exec = nullptr;
