@@ -2,8 +2,9 @@
 // graph] in kernels/cuda/cudnn_graph.h): cuDNN's candidate engines for a convolution are run
 // and timed -- replayed from a graph of their own, or launched -- and the fastest is kept.
 // Whichever engine wins, the result is the same convolution: float32 (TF32 off, as in the whole
-// suite) within 1e-5 of the CPU, bfloat16 channels-last within the bf16 tolerance of the
-// heuristics' engine. Inside a capture no timing may run (it synchronizes): the first choice is
+// suite) within kTimedTol of the CPU -- looser than the suite's 4e-5 for cuDNN's float32
+// convolutions, as the timing may pick a Winograd or FFT engine, which round differently --
+// and bfloat16 channels-last within the bf16 tolerance of the heuristics' engine. Inside a capture no timing may run (it synchronizes): the first choice is
 // taken, and the captured step replays right.
 #include <string>
 
@@ -38,6 +39,8 @@ struct BenchmarkSettings {
 
 Tensor channels_last(const Tensor& t) { return restrided(t, MemoryFormat::ChannelsLast); }
 
+constexpr double kTimedTol = 1e-4;
+
 }  // namespace
 
 TEST_CASE("benchmark mode keeps a convolution's values, its engines timed in a graph or launched",
@@ -57,11 +60,11 @@ TEST_CASE("benchmark mode keeps a convolution's values, its engines timed in a g
     INFO("timed " << (in_graph ? "in a graph" : "as launched"));
     set_cudnn_benchmark_in_graph(in_graph);
     const Tensor xg = x.to(gpu), wg = w.to(gpu), dyg = dy.to(gpu);
-    CHECK(rel_error(kernels::conv2d(xg, wg, b.to(gpu), p), y) <= 1e-5);
-    CHECK(rel_error(kernels::conv2d_backward_input(dyg, wg, p, x.shape()), dx) <= 1e-5);
+    CHECK(rel_error(kernels::conv2d(xg, wg, b.to(gpu), p), y) <= kTimedTol);
+    CHECK(rel_error(kernels::conv2d_backward_input(dyg, wg, p, x.shape()), dx) <= kTimedTol);
     const auto [dwg, dbg] = kernels::conv2d_backward_weight(xg, dyg, p, w.shape(), true);
-    CHECK(rel_error(dwg, dw) <= 1e-5);
-    CHECK(rel_error(dbg, db) <= 1e-5);
+    CHECK(rel_error(dwg, dw) <= kTimedTol);
+    CHECK(rel_error(dbg, db) <= kTimedTol);
 
     // bfloat16 channels-last: the engines of a ResNet's step, against the heuristics' choice.
     const Tensor xb = channels_last(bf16(x).to(gpu)), wb = channels_last(bf16(w).to(gpu));
@@ -92,6 +95,6 @@ TEST_CASE("benchmark mode inside a capture takes the first engine and the graph 
     const Tensor xi = uniform(x.shape(), -1.0, 1.0);
     x.copy_(xi.to(gpu));
     g.replay();
-    CHECK(rel_error(y, kernels::conv2d(xi, w, Tensor(), p)) <= 1e-5);
+    CHECK(rel_error(y, kernels::conv2d(xi, w, Tensor(), p)) <= kTimedTol);
   }
 }
