@@ -49,17 +49,7 @@ const Device kGpu = Device::cuda(0);
 int runs = 50;
 
 // The median time of one call of f inside a replayed graph, in microseconds.
-double graph_us(const std::function<void()>& f) {
-  f();
-  f();  // plans made, engines timed, outside the capture
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_cuda_stream(kGpu)));
-  CUDAGraph graph;
-  graph.capture_begin(kGpu);
-  for (int i = 0; i < kCallsPerGraph; ++i) f();
-  graph.capture_end();
-  graph.replay();
-  return bench::median_us(current_cuda_stream(kGpu), runs, [&] { graph.replay(); }, kCallsPerGraph);
-}
+double graph_us(const std::function<void()>& f) { return bench::replayed_call_us(kGpu, runs, f, kCallsPerGraph); }
 
 using bench::relative_error;
 

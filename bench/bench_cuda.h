@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
+#include "core/cuda_graph.h"
+#include "core/cuda_stream.h"
 #include "core/tensor.h"
 
 namespace tandem::bench {
@@ -32,6 +34,21 @@ inline double median_us(cudaStream_t s, int runs, const std::function<void()>& s
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+// The median time of one call of f inside a replayed CUDA graph of `calls` calls on `device`,
+// in microseconds over `runs` replays: the time a call takes inside a replayed training step,
+// launch gaps included. f runs twice first, outside the capture (plans made, engines timed).
+inline double replayed_call_us(Device device, int runs, const std::function<void()>& f, int calls = 20) {
+  f();
+  f();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_cuda_stream(device)));
+  CUDAGraph graph;
+  graph.capture_begin(device);
+  for (int i = 0; i < calls; ++i) f();
+  graph.capture_end();
+  graph.replay();
+  return median_us(current_cuda_stream(device), runs, [&] { graph.replay(); }, calls);
 }
 
 // max |a - b| / max |b| (max |a - b| where b is all zeros), on the host in float64.

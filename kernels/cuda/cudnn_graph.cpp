@@ -161,19 +161,7 @@ void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y
   execute_plan(h, plan, uids, ptrs, workspace);
 }
 
-// A raw CUDA event and an executable graph, destroyed with their owner.
-struct RawEvent {
-  cudaEvent_t e = nullptr;
-  RawEvent() { TANDEM_CUDA_CHECK(cudaEventCreate(&e)); }
-  ~RawEvent() {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
-  RawEvent(const RawEvent&) = delete;
-  RawEvent& operator=(const RawEvent&) = delete;
-};
-struct TimingEvents {
-  RawEvent start, stop;
-};
+// An executable graph, destroyed with its owner.
 struct GraphExec {
   cudaGraphExec_t exec = nullptr;
   GraphExec() = default;
@@ -188,7 +176,8 @@ struct GraphExec {
 // captured into a CUDA graph of their own and replayed (Note [engines timed in a graph]); one
 // untimed round first (a graph's first launch uploads it). The workspace exists before.
 float time_runs(cudnnHandle_t h, const BackendDesc& plan, const ConvGraph::TimedBuffers& b, void* ws,
-                cudaStream_t stream, const TimingEvents& ev, int runs, bool in_graph) {
+                Stream s, int runs, bool in_graph) {
+  const auto stream = static_cast<cudaStream_t>(s.handle());
   const auto run_all = [&] {
     for (int r = 0; r < runs; ++r) execute(h, plan, b.x, b.w, b.y, ws);
   };
@@ -218,13 +207,11 @@ float time_runs(cudnnHandle_t h, const BackendDesc& plan, const ConvGraph::Timed
     }
   };
   round();
-  TANDEM_CUDA_CHECK(cudaEventRecord(ev.start.e, stream));
+  Event start(/*enable_timing=*/true), stop(/*enable_timing=*/true);
+  start.record(s);
   round();
-  TANDEM_CUDA_CHECK(cudaEventRecord(ev.stop.e, stream));
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(ev.stop.e));
-  float ms = 0;
-  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start.e, ev.stop.e));
-  return ms;
+  stop.record(s);
+  return start.elapsed_ms(stop);
 }
 
 // Note [measured engine choice]: the index of the candidate with the least time for
@@ -237,13 +224,12 @@ size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph:
   size_t max_ws = 0;
   for (const auto& c : found) max_ws = std::max(max_ws, c.workspace);
   DataPtr ws = allocate(b.device, max_ws);
-  cudaStream_t stream = current_cuda_stream(b.device);
-  const TimingEvents ev;
+  const Stream stream = current_stream(b.device);
   size_t best = 0;
   float best_ms = 0;
   for (size_t i = 0; i < found.size(); ++i) {
     execute(h, *found[i].plan, b.x, b.w, b.y, ws.get());  // loads the engine's kernels, outside any capture
-    const float ms = time_runs(h, *found[i].plan, b, ws.get(), stream, ev, kTimedRuns, in_graph);
+    const float ms = time_runs(h, *found[i].plan, b, ws.get(), stream, kTimedRuns, in_graph);
     if (i == 0 || ms < best_ms) {
       best = i;
       best_ms = ms;
