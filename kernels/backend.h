@@ -303,6 +303,11 @@ class Backend {
 // cudnn_benchmark_in_graph (default true): benchmark mode times each graph-API candidate as a
 //   replayed CUDA graph runs it, not as eager launches (Note [engines timed in a graph] in
 //   kernels/cuda/cudnn_graph.h). Environment: TANDEM_CUDNN_BENCHMARK_GRAPH=0 turns it off.
+// cudnn_memsets_as_kernels (default true): inside a CUDA graph capture, each graph-API cuDNN
+//   call is captured into a small graph of its own whose memset nodes become kernel nodes
+//   writing the same bytes, and that graph joins the capture as a child graph (Note [cuDNN's
+//   memsets in a captured graph] in kernels/cuda/graph_memset.cu); outside a capture, nothing
+//   changes. Environment: TANDEM_CUDNN_MEMSET_KERNELS=0 turns it off.
 // cudnn_graph_api (default true): convolutions run through cuDNN's graph API with execution
 //   plans cached per configuration, far cheaper per call on the host than cuDNN's legacy entry
 //   points (Note [cuDNN graph vs legacy calls] in kernels/cuda/cudnn_graph.h). Off, or when no
@@ -398,6 +403,8 @@ void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
 void set_cudnn_benchmark_in_graph(bool on);
 bool cudnn_benchmark_in_graph();
+void set_cudnn_memsets_as_kernels(bool on);
+bool cudnn_memsets_as_kernels();
 
 // Threads OpenBLAS may use for one CPU matrix product (a process-wide setting of OpenBLAS).
 // Note [one BLAS thread per virtual device]: when several virtual CPU devices train at once,

@@ -28,6 +28,10 @@ std::atomic<bool>& benchmark_graph_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK_GRAPH", true)};
   return flag;
 }
+std::atomic<bool>& memset_kernels_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_MEMSET_KERNELS", true)};
+  return flag;
+}
 std::atomic<bool>& graph_flag() {
   static std::atomic<bool> flag{!env_flag("TANDEM_CUDNN_LEGACY", false)};
   return flag;
@@ -145,5 +149,7 @@ void set_cudnn_benchmark(bool on) { benchmark_flag() = on; }
 bool cudnn_benchmark() { return benchmark_flag(); }
 void set_cudnn_benchmark_in_graph(bool on) { benchmark_graph_flag() = on; }
 bool cudnn_benchmark_in_graph() { return benchmark_graph_flag(); }
+void set_cudnn_memsets_as_kernels(bool on) { memset_kernels_flag() = on; }
+bool cudnn_memsets_as_kernels() { return memset_kernels_flag(); }
 
 }  // namespace tandem

@@ -103,14 +103,27 @@ inline ChannelSplit channel_split_last(int64_t rows, int64_t c, int vec = 1) {
 // vectors took the largest activations' passes (12.8 M elements) from 26 to 19 us (statistics),
 // 38 to 32 (gradient sums) and 86 to 39 (the dx pass that sums dbias), and the 6.4 M ones' dx
 // pass from 43 to 22; but the 3.2 M and 2.1 M ones' passes from 4.6-11 to 7-17 us, their few
-// rows per thread not hiding the double-precision sums at the vector kernels' occupancy.
-constexpr int64_t kLastVectorElements = int64_t{1} << 22;
+// rows per thread not hiding the double-precision sums at the vector kernels' occupancy. That
+// was before a thread's sums of 16-bit elements went to float (Note [a thread's sums in float]);
+// TANDEM_LAST_VECTOR_ELEMENTS (a whole number, 0: vectors always) measures another threshold.
+inline int64_t last_vector_elements() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("TANDEM_LAST_VECTOR_ELEMENTS");
+    if (v == nullptr || v[0] == '\0') return int64_t{1} << 22;
+    char* end = nullptr;
+    const long long e = std::strtoll(v, &end, 10);
+    TANDEM_CHECK(end != v && *end == '\0' && e >= 0, Value, "TANDEM_LAST_VECTOR_ELEMENTS=", v,
+                 ": expected a whole number of elements, 0 or more");
+    return static_cast<int64_t>(e);
+  }();
+  return n;
+}
 
 // Calls f(std::integral_constant<int, VEC>): VEC = channel_vec<T>(c, p...) for a channels-last
-// tensor of `numel` >= kLastVectorElements elements and C channels, else 1.
+// tensor of `numel` >= last_vector_elements() elements and C channels, else 1.
 template <typename T, typename F, typename... P>
 void with_last_vec(int64_t numel, int64_t c, F f, const P*... p) {
-  if (numel >= kLastVectorElements) {
+  if (numel >= last_vector_elements()) {
     with_channel_vec<T>(c, f, p...);
   } else {
     f(std::integral_constant<int, 1>{});

@@ -10,6 +10,7 @@
 #include "core/cuda_graph.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/cudnn_util.h"
+#include "kernels/cuda/graph_memset.h"
 
 namespace tandem::gpu {
 
@@ -409,7 +410,20 @@ void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int6
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(), "variant pointers");
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "workspace");
   TANDEM_CUDNN_CHECK(pack.finalize());
-  TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan.get(), pack.get()));
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDNN_CHECK(cudnnGetStream(h, &stream));
+  // Inside a capture, on a stream of its own whose memsets become kernels (Note [cuDNN's
+  // memsets in a captured graph] in graph_memset.cu); h goes back to `stream` after.
+  run_memsets_as_kernels(stream, [&](cudaStream_t s) {
+    if (s == stream) {
+      TANDEM_CUDNN_CHECK(cudnnBackendExecute(h, plan.get(), pack.get()));
+      return;
+    }
+    TANDEM_CUDNN_CHECK(cudnnSetStream(h, s));
+    const cudnnStatus_t ran = cudnnBackendExecute(h, plan.get(), pack.get());
+    TANDEM_CUDNN_CHECK(cudnnSetStream(h, stream));
+    TANDEM_CUDNN_CHECK(ran);
+  });
 }
 
 std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,

@@ -38,7 +38,9 @@
 // candidates timed as launched. cudnn_benchmark_in_graph() off times eager launches always.
 // Measured on ResNet-18's step (H200, bf16, channels-last): the same speed either way (1.003),
 // and as many memsets -- the engines that win without them win with them too -- so the
-// timing is kept for what it measures, not for a gain seen yet.
+// timing is kept for what it measures, not for a gain seen yet. Since then a captured call's
+// memsets become kernels (Note [cuDNN's memsets in a captured graph] in graph_memset.cu), and
+// the candidates are timed that way too: their small capture goes through the same path.
 #include <cudnn.h>
 
 #include <array>
