@@ -307,18 +307,31 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
   }
 }
 
+// Note [a map's grid in one wave]: the map's threads loop over the tensor, so its grid need be no
+// larger than what the GPU holds at once -- but what it holds depends on the kernel. A batch
+// norm's apply with its coefficients for eight channels, four vectors in flight and the
+// shortcut's join needs 72-96 registers a thread, so an H100 holds two or three of its blocks
+// per multiprocessor, not the eight one_wave_blocks() counts. Sized by that count, a small
+// activation (ResNet-18's 512 channels at 4x4: 262K vectors) gave each thread one vector, in
+// three or four waves of blocks one after the other, each loading its coefficients for that one
+// vector: 11-14 us for 4 MB. The grid is now what the kernel's occupancy holds
+// (resident_blocks): one wave, each thread four vectors or more, loaded together.
 template <typename T, typename F, typename... In>
 void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t stream, const In*... in) {
   if (n == 0) return;
   with_channel_vec<T>(c, [&](auto vec) {
     constexpr int V = vec.value;
     const int64_t vecs = n / V;
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(grid_for(vecs), one_wave_blocks()));
+    const auto grid_of = [&](int64_t resident) {
+      return static_cast<unsigned>(std::min<int64_t>(grid_for(vecs), resident));
+    };
     if (n <= static_cast<int64_t>(INT32_MAX)) {
-      channel_map_last_kernel<V, uint32_t><<<grid, kBlock, 0, stream>>>(
-          static_cast<uint32_t>(vecs), static_cast<uint32_t>(c / V), f, out, in...);
+      constexpr auto kernel = channel_map_last_kernel<V, uint32_t, F, T, In...>;
+      kernel<<<grid_of(resident_blocks<kernel>()), kBlock, 0, stream>>>(static_cast<uint32_t>(vecs),
+                                                                        static_cast<uint32_t>(c / V), f, out, in...);
     } else {
-      channel_map_last_kernel<V, int64_t><<<grid, kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
+      constexpr auto kernel = channel_map_last_kernel<V, int64_t, F, T, In...>;
+      kernel<<<grid_of(resident_blocks<kernel>()), kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
     }
     TANDEM_CUDA_CHECK_LAUNCH();
   }, static_cast<const T*>(out), in...);

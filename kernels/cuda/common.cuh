@@ -177,6 +177,22 @@ inline int64_t one_wave_blocks() {
   return 8 * static_cast<int64_t>(sms);
 }
 
+// Blocks of Block threads of Kernel that the current device holds at once: how many its
+// registers and shared memory let one multiprocessor hold (asked of CUDA once per kernel; every
+// GPU of a machine is taken to be the same chip), times the multiprocessors. one_wave_blocks()
+// assumes eight per multiprocessor; a kernel that needs more than 32 registers a thread gets
+// fewer, and a grid sized by it then runs in waves (Note [a map's grid in one wave] in
+// channel_reduce_last.cuh).
+template <auto Kernel, int Block = kBlock>
+int64_t resident_blocks() {
+  static const int per_sm = [] {
+    int n = 0;
+    TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, Block, 0));
+    return std::max(n, 1);
+  }();
+  return per_sm * (one_wave_blocks() / 8);
+}
+
 // An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on): a
 // thread issues all of its copies without waiting for any, so a block's whole tile is in
 // flight at once rather than one load-then-store at a time. The block waits for all of its
