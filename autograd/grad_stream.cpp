@@ -60,7 +60,18 @@ std::atomic<bool>& lagged_flag() {
   return on;
 }
 
+std::atomic<bool>& after_input_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("TANDEM_WGRAD_AFTER_DGRAD");
+    return v != nullptr && v[0] == '1';
+  }()};
+  return on;
+}
+
 }  // namespace
+
+bool weight_grad_after_input_grad() { return after_input_flag().load(std::memory_order_relaxed); }
+void set_weight_grad_after_input_grad(bool on) { after_input_flag().store(on, std::memory_order_relaxed); }
 
 bool weight_grad_lagged_release() { return lagged_flag().load(std::memory_order_relaxed); }
 void set_weight_grad_lagged_release(bool on) { lagged_flag().store(on, std::memory_order_relaxed); }

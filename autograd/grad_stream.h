@@ -101,6 +101,13 @@ void join_weight_grad_streams();
 // for the block it had just forked: ResNet-18 (bf16, channels-last, graphed, H100) 74.6-74.8k
 // images/s at 728 MB against 75.6-75.7k at 730 MB waiting one block behind, in one call.
 void release_weight_grad_inputs();
+// A convolution's weight gradient forked after its input gradient is enqueued rather than
+// before: the side stream then waits for the input gradient, and the two never overlap; what
+// follows the input gradient on the main stream becomes ready with the weight gradient and,
+// the side stream below it (TANDEM_WGRAD_STREAM_BACKGROUND=1), starts first. Off by default;
+// TANDEM_WGRAD_AFTER_DGRAD=1 turns it on.
+bool weight_grad_after_input_grad();
+void set_weight_grad_after_input_grad(bool on);
 bool weight_grad_lagged_release();
 void set_weight_grad_lagged_release(bool on);
 

@@ -92,7 +92,11 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
            [nx, nw, nb, p, xs = x.shape(), ws = w.shape(), x = nw || nb ? saved(x) : Tensor(),
             w = nx ? saved(w) : Tensor()](TensorList&& g) -> TensorList {
              const Tensor& dy = g[0];  // in any layout: the kernels:: op picks the memory format
-             Tensor gw, gb;
+             Tensor gw, gb, gx;
+             // The input gradient first where the weight gradient is to wait for it (Note [weight
+             // gradients on a second stream]: weight_grad_after_input_grad).
+             const bool dx_first = nx && autograd::weight_grad_after_input_grad();
+             if (dx_first) gx = kernels::conv2d_backward_input(dy, w, p, xs);
              if (nw || nb) {
                // Into the leaves' zeroed .grad, also through an autocast weight's conversion
                // (Note [gradients written in place]): by the kernels where dtype and layout
@@ -111,7 +115,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
                gw = autograd::written_into(gw, dw_to);
                gb = autograd::written_into(gb, db_to);
              }
-             Tensor gx = nx ? kernels::conv2d_backward_input(dy, w, p, xs) : Tensor();
+             if (nx && !dx_first) gx = kernels::conv2d_backward_input(dy, w, p, xs);
              return {gx, nw ? gw : Tensor(), gb};
            });
   }

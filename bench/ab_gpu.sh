@@ -20,6 +20,7 @@
 # tandem_tests TAGS on the new build first. Logs, the runs' JSON lines and the timelines in $OUT.
 # --env NAME=VALUE compares a switch instead of two revisions: one build of the tree, "base" its
 # runs with NAME=VALUE in the environment (say TANDEM_WGRAD_STREAM=0), "new" without; no --prepare.
+# --env may be given more than once: "base" then has all of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE_DIR=.ab-base
@@ -50,7 +51,7 @@ if [ "${1:-}" = --prepare ]; then
   exit 0
 fi
 
-MODEL=resnet18 EPOCHS=4 ROUNDS=2 TRACE=0 TAGS="" BASE_ENV="" FLAGS=()
+MODEL=resnet18 EPOCHS=4 ROUNDS=2 TRACE=0 TAGS="" BASE_ENV="" BASE_ENVS=() FLAGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL=$2; shift ;;
@@ -58,7 +59,9 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift ;;
     --trace) TRACE=1 ;;
     --tests) TAGS=$2; shift ;;
-    --env) BASE_ENV=$2; shift ;;
+    --env)
+      [[ "$2" =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] || { echo "ab_gpu.sh: --env takes NAME=VALUE, got $2" >&2; exit 2; }
+      BASE_ENVS+=("$2") BASE_ENV="${BASE_ENV:+$BASE_ENV }$2"; shift ;;
     --) shift; FLAGS=("$@"); break ;;
     *) echo "ab_gpu.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -68,8 +71,6 @@ case "$MODEL" in lenet | resnet18) ;; *) echo "ab_gpu.sh: --model $MODEL is not 
 [[ "$EPOCHS" =~ ^[1-9][0-9]*$ && "$ROUNDS" =~ ^[1-9][0-9]*$ ]] ||
   { echo "ab_gpu.sh: --epochs and --rounds take whole numbers from 1, got $EPOCHS and $ROUNDS" >&2; exit 2; }
 [ ${#FLAGS[@]} -eq 0 ] && [ "$MODEL" = resnet18 ] && FLAGS=(--channels-last --precision bf16)
-[ -z "$BASE_ENV" ] || [[ "$BASE_ENV" =~ ^[A-Z_][A-Z0-9_]*=.*$ ]] ||
-  { echo "ab_gpu.sh: --env takes NAME=VALUE, got $BASE_ENV" >&2; exit 2; }
 [ -n "$BASE_ENV" ] || [ -f "$BASE_DIR/REV" ] || { echo "ab_gpu.sh: no $BASE_DIR here: run bench/ab_gpu.sh --prepare REV first" >&2; exit 2; }
 if [ -z "$BASE_ENV" ] && [ -f "$BASE_DIR/TREE" ] && ! changed=$(sha1sum --check --quiet "$BASE_DIR/TREE" 2>&1); then
   echo "ab_gpu.sh: the tree changed since --prepare ($(echo "$changed" | head -3 | tr '\n' ' ')...):" \
@@ -112,7 +113,6 @@ echo "== new: the tree${BASE_ENV:+ (base: the same build with $BASE_ENV)}"
 build_gpu "${TARGETS[@]}" || exit 1
 NEW_BIN=./build-gpu/bench/bench_train
 [ -n "$BASE_ENV" ] && BASE_BIN=$(mktemp) && cp "$NEW_BIN" "$BASE_BIN" && chmod +x "$BASE_BIN"
-BASE_ENVS=(); [ -n "$BASE_ENV" ] && BASE_ENVS=("$BASE_ENV")
 
 if [ -n "$TAGS" ]; then
   ./build-gpu/tests/tandem_tests "$TAGS" > "$OUT/ab_tests.log" 2>&1

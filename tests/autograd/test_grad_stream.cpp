@@ -236,7 +236,15 @@ struct LaggedSwitch {
   bool before;
 };
 
-TEST_CASE("releasing what the side stream kept one block behind gives one stream's gradients",
+struct AfterInputSwitch {
+  explicit AfterInputSwitch(bool on) : before(autograd::weight_grad_after_input_grad()) {
+    autograd::set_weight_grad_after_input_grad(on);
+  }
+  ~AfterInputSwitch() { autograd::set_weight_grad_after_input_grad(before); }
+  bool before;
+};
+
+TEST_CASE("releasing what the side stream kept one block behind gives one stream's gradients, forked before or after dx",
           "[autograd][cuda][cuda_graph][wgrad_stream]") {
   TANDEM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
@@ -273,6 +281,10 @@ TEST_CASE("releasing what the side stream kept one block behind gives one stream
   CHECK(train(true, false, false) == one_stream);
   CHECK(train(true, true, false) == one_stream);
   CHECK(autograd::weight_grad_stream_forks() - before == 2 * 5 * 3);  // blocks 2-4 fork; block 1's input needs no gradient
+  CHECK(train(true, true, true) == one_stream);
+  // The weight gradients forked after their input gradients: the same values, graphed too.
+  const AfterInputSwitch a(true);
+  CHECK(train(true, true, false) == one_stream);
   CHECK(train(true, true, true) == one_stream);
 }
 #endif
