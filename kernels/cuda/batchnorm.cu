@@ -219,23 +219,35 @@ template <typename T, typename P>
 __global__ void bn_stats_finish(const T* x, const T* bias, const double* partial, const P* gamma, const P* beta,
                                 P* running_mean, P* running_var, double momentum, double eps,
                                 P* save_mean, P* save_invstd, P* coef, ChannelSplit g) {
+  // The channel's other inputs first, in flight with the partials (finish_channel).
+  const int64_t c = finish_channel_index();
+  const bool writes = c < g.c && threadIdx.x % 32 == 0;
+  double shift = 0, gm = 0, rm = 0, rv = 0;
+  P bt{};
+  if (writes) {
+    shift = static_cast<double>(channel_bias(bias, c)(x[c * g.hw]));
+    gm = static_cast<double>(gamma[c]);
+    bt = beta[c];
+    rm = static_cast<double>(running_mean[c]);
+    rv = static_cast<double>(running_var[c]);
+  }
   double sums[2];
-  const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
-  if (c >= g.c || threadIdx.x % 32 != 0) return;
+  finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
+  if (!writes) return;
   const double s1 = sums[0], s2 = sums[1];
   const double m = static_cast<double>(g.n * g.hw);
   const double dmean = s1 / m;
   const double var = fmax(s2 / m - dmean * dmean, 0.0);
-  const double mean = static_cast<double>(channel_bias(bias, c)(x[c * g.hw])) + dmean;
+  const double mean = shift + dmean;
   const double invstd = 1.0 / sqrt(var + eps);
   save_mean[c] = static_cast<P>(mean);
   save_invstd[c] = static_cast<P>(invstd);
   const double unbiased = m > 1 ? var * m / (m - 1) : var;
-  running_mean[c] = static_cast<P>((1 - momentum) * running_mean[c] + momentum * mean);
-  running_var[c] = static_cast<P>((1 - momentum) * running_var[c] + momentum * unbiased);
+  running_mean[c] = static_cast<P>((1 - momentum) * rm + momentum * mean);
+  running_var[c] = static_cast<P>((1 - momentum) * rv + momentum * unbiased);
   coef[c * 3] = static_cast<P>(mean);
-  coef[c * 3 + 1] = static_cast<P>(invstd * static_cast<double>(gamma[c]));
-  coef[c * 3 + 2] = beta[c];
+  coef[c * 3 + 1] = static_cast<P>(invstd * gm);
+  coef[c * 3 + 2] = bt;
 }
 
 // y = (x - mean) * scale + shift with coef from bn_stats_finish.
@@ -402,20 +414,29 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const T* bias, const P
 template <typename P>
 __global__ void bn_grad_finish(const double* partial, const P* gamma, const P* save_mean,
                                const P* save_invstd, P* dgamma, P* dbeta, P* coef, ChannelSplit g) {
+  // The channel's other inputs first, in flight with the partials (finish_channel).
+  const int64_t c = finish_channel_index();
+  const bool writes = c < g.c && threadIdx.x % 32 == 0;
+  double invstd = 0, gm = 0;
+  P mean{};
+  if (writes) {
+    invstd = static_cast<double>(save_invstd[c]);
+    gm = static_cast<double>(gamma[c]);
+    mean = save_mean[c];
+  }
   double sums[2];
-  const int64_t c = finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
-  if (c >= g.c || threadIdx.x % 32 != 0) return;
+  finish_channel<2>(partial, g, sums);  // Note [finishing a split reduction]
+  if (!writes) return;
   const double sdy = sums[0], sdyx = sums[1];
   const double m = static_cast<double>(g.n * g.hw);
-  const double invstd = save_invstd[c];
   const double dg = sdyx * invstd;
   dbeta[c] = static_cast<P>(sdy);
   dgamma[c] = static_cast<P>(dg);
-  const double k = static_cast<double>(gamma[c]) * invstd / m;
+  const double k = gm * invstd / m;
   coef[c * 4] = static_cast<P>(k * m);
   coef[c * 4 + 1] = static_cast<P>(-k * dg * invstd);
   coef[c * 4 + 2] = static_cast<P>(-k * sdy);
-  coef[c * 4 + 3] = save_mean[c];
+  coef[c * 4 + 3] = mean;
 }
 
 template <typename T, typename P, bool Biased>

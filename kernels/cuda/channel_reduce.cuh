@@ -166,11 +166,18 @@ inline unsigned finish_grid(const ChannelSplit& g) {
   return static_cast<unsigned>((g.c * 32 + kBlock - 1) / kBlock);
 }
 
-// The warp's channel (g.c or more: the warp has none), and the sums over the groups of the M
-// partials of that channel, partial[(c * splits + s) * M + m], in lane 0.
+// The warp's channel in a finish kernel (g.c or more: the warp has none).
+__device__ __forceinline__ int64_t finish_channel_index() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+}
+
+// The warp's channel (finish_channel_index), and the sums over the groups of the M partials of
+// that channel, partial[(c * splits + s) * M + m], in lane 0. A finish kernel that needs other
+// per-channel values loads them before it calls this, so that those loads are in flight with
+// the partials' rather than after them.
 template <int M>
 __device__ __forceinline__ int64_t finish_channel(const double* partial, const ChannelSplit& g, double (&sums)[M]) {
-  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t c = finish_channel_index();
   const int lane = static_cast<int>(threadIdx.x % 32);
 #pragma unroll
   for (int m = 0; m < M; ++m) sums[m] = 0;
