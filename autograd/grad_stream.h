@@ -19,7 +19,8 @@ namespace tandem::autograd {
 //
 // So a backward function that writes its weight gradients straight into the leaves' .grad
 // (Note [gradients written in place]) may compute them on a second stream of the device -- the
-// side stream, one per thread and device -- while the main stream goes on with dx:
+// side stream, two per thread and device (Note [the side stream's priority]) -- while the main
+// stream goes on with dx:
 //
 //     main:  ... dy ready ──fork──► dx ──► next layer's dx ──► ...            ──join──► optimizer
 //     side:              └───────► dW, db ──► the next layer's dW, db ──► ... ──┘
@@ -48,12 +49,21 @@ namespace tandem::autograd {
 // kernels run, only on another stream. The side stream runs its kernels one after another, so
 // two layers' weight gradients never overlap each other, only the main stream's work.
 //
-// The side stream has the main stream's priority, so the two share the GPU, and an input
-// gradient beside a weight gradient can take up to 2.3x its time alone (ResNet-18's second stage
-// on an H200). TANDEM_WGRAD_STREAM_BACKGROUND=1 puts the side stream below the main one (Note
-// [stream priorities] in core/stream.h): the input gradients' blocks then start first and the
-// weight gradients fill the rest. It is off because the starved weight gradients ended LeNet's
-// step later (5.8% faster with the side stream at equal priority, 3.5% below it, on an H100).
+// Note [the side stream's priority]: there are two side streams per thread and device, one at
+// the main stream's priority and one below it (Background, Note [stream priorities] in
+// core/stream.h), and a fork picks by the size of the weight gradient. At equal priority the two
+// streams share the GPU as their blocks come: a large weight gradient beside the main stream
+// takes the multiprocessors as the input gradient before it drains, and the memory-bound
+// batch-norm passes after that input gradient wait behind its blocks (ResNet-18's gradient
+// partial sums ran 34-38 us beside a 36 us weight gradient instead of ~10 alone, H100). Below
+// the main stream, the main stream's blocks start first and the weight gradient fills the rest.
+// But a small weight gradient below the main stream is starved until the step's end, where
+// nothing overlaps it: LeNet's step took 3.8% longer with its side stream below (0.0360 s per
+// epoch against 0.0347, H100), where ResNet-18's ran 2.0% faster (79.9k images/s against
+// 78.4k, same call). So a weight gradient of at least weight_grad_background_macs()
+// multiply-adds (default 2^30: ResNet-18's 3x3 convolutions do 15-19 G each, its 1-channel
+// stem 0.12 G, LeNet's layers at most 0.06 G) forks to the stream below; a smaller one to the
+// stream at equal priority. TANDEM_WGRAD_STREAM_BACKGROUND=1 sends every fork below, =0 none.
 //
 // On by default on CUDA devices; TANDEM_WGRAD_STREAM=0 or set_weight_grad_stream(false) turns
 // it off (every kernel on the current stream, as before). CPU devices never fork.
@@ -68,13 +78,19 @@ void set_weight_grad_stream(bool on);
 // How many times this process forked (for tests and benchmarks: that the path was taken).
 int64_t weight_grad_stream_forks();
 
+// The least multiply-adds of a weight gradient that forks to the side stream below the main
+// one (Note [the side stream's priority]); 0: every fork, INT64_MAX: none.
+int64_t weight_grad_background_macs();
+void set_weight_grad_background_macs(int64_t macs);
 // Run by a backward function around the kernels of its weight gradients: while it lives the
-// current stream of `device` is the side stream (when a fork is allowed: a backward pass runs
-// on this thread, `device` is a CUDA device, the switch is on), and `keep` stays alive until
-// the join. Otherwise it does nothing and the kernels run on the current stream.
+// current stream of `device` is a side stream (when a fork is allowed: a backward pass runs
+// on this thread, `device` is a CUDA device, the switch is on) -- the one below the main stream
+// when the weight gradients do at least weight_grad_background_macs() multiply-adds -- and
+// `keep` stays alive until the join. Otherwise it does nothing and the kernels run on the
+// current stream.
 class WeightGradStream {
  public:
-  WeightGradStream(Device device, std::initializer_list<Tensor> keep);
+  WeightGradStream(Device device, std::initializer_list<Tensor> keep, int64_t macs = 0);
   ~WeightGradStream();
   WeightGradStream(const WeightGradStream&) = delete;
   WeightGradStream& operator=(const WeightGradStream&) = delete;
@@ -82,6 +98,7 @@ class WeightGradStream {
 
  private:
   Device device_{};
+  bool background_ = false;
   Stream prev_{};
   bool forked_ = false;
 };
@@ -104,8 +121,11 @@ void release_weight_grad_inputs();
 // A convolution's weight gradient forked after its input gradient is enqueued rather than
 // before: the side stream then waits for the input gradient, and the two never overlap; what
 // follows the input gradient on the main stream becomes ready with the weight gradient and,
-// the side stream below it (TANDEM_WGRAD_STREAM_BACKGROUND=1), starts first. Off by default;
-// TANDEM_WGRAD_AFTER_DGRAD=1 turns it on.
+// on the side stream below it, starts first. Measured on ResNet-18 (bf16, channels-last,
+// graphed, H100, one call, each against the same default runs at 78.4-78.6k images/s): at equal
+// priority 0.8% faster than forking first, but below the main stream slower than forking first
+// below it (79.4k against 79.9k) -- so with the large weight gradients below (Note [the side
+// stream's priority]) it stays off. TANDEM_WGRAD_AFTER_DGRAD=1 turns it on.
 bool weight_grad_after_input_grad();
 void set_weight_grad_after_input_grad(bool on);
 bool weight_grad_lagged_release();
@@ -127,6 +147,7 @@ class WeightGradStreamScope {
   friend class WeightGradStream;
   struct Pending {
     Device device;
+    bool background;  // which of the device's two side streams
     std::vector<Tensor> keep;    // kept since the last release point
     std::vector<Tensor> marked;  // kept before it: dropped at the next one
   };

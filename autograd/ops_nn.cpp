@@ -69,7 +69,8 @@ Tensor linear_activation(const Tensor& x_in, const Tensor& w_in, const Tensor& b
              if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
                kernels::LinearGrads r;
                {
-                 const autograd::WeightGradStream side(dev, {g[0], y, x});
+                 // dW = dy^T x: [n, k] from batch rows of both (Note [the side stream's priority]).
+                 const autograd::WeightGradStream side(dev, {g[0], y, x}, g[0].numel() * k);
                  r = weight_grads(false);
                }
                r.dx = kernels::linear_backward(g[0], y, x, w, act, k, true, false, false).dx;
@@ -107,7 +108,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
                // a second stream] in autograd/grad_stream.h).
                std::optional<autograd::WeightGradStream> side;
                if (autograd::fork_weight_grads(nx, nw, dw_to, nb, db_to)) {
-                 side.emplace(x.device(), std::initializer_list<Tensor>{dy, x});
+                 // Each output element takes C/groups * R * S products (Note [the side stream's
+                 // priority]).
+                 side.emplace(x.device(), std::initializer_list<Tensor>{dy, x}, dy.numel() * (ws[1] * ws[2] * ws[3]));
                }
                std::tie(gw, gb) = kernels::conv2d_backward_weight(x, dy, p, ws, nb,
                                                                   autograd::direct_destination(dw_to, x.dtype()),

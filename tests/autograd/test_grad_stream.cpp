@@ -4,6 +4,7 @@
 // gradient after them (a leaf's hook, a second use of the parameter, the optimizer after
 // backward) waits for the side stream.
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -88,17 +89,34 @@ std::vector<std::vector<double>> backward_once(bool side, int64_t* forks, bool a
   return grads_of(net);
 }
 
-// One backward with the side stream and one without: three forks and none, the same bits.
+// Which forks go to the side stream below the main one (Note [the side stream's priority]).
+struct BackgroundMacs {
+  explicit BackgroundMacs(int64_t macs) : before(autograd::weight_grad_background_macs()) {
+    autograd::set_weight_grad_background_macs(macs);
+  }
+  ~BackgroundMacs() { autograd::set_weight_grad_background_macs(before); }
+  int64_t before;
+};
+
+// One backward with the side streams and one without: three forks and none, the same bits --
+// with every fork at the main stream's priority, every fork below it, and mixed: the first
+// linear layer's weight gradient (134 M multiply-adds) below, the second convolution's (9.4 M)
+// and the last layer's (0.7 M) beside.
 void check_side_stream_equals_one_stream(bool autocast) {
-  int64_t forks_on = 0, forks_off = 0;
-  const auto on = backward_once(true, &forks_on, autocast);
+  int64_t forks_off = 0;
   const auto off = backward_once(false, &forks_off, autocast);
-  CHECK(forks_on == 3);
   CHECK(forks_off == 0);
-  REQUIRE(on.size() == off.size());
-  for (size_t k = 0; k < on.size(); ++k) {
-    INFO("parameter " << k);
-    CHECK(on[k] == off[k]);
+  for (const int64_t macs : {std::numeric_limits<int64_t>::max(), int64_t{10} << 20, int64_t{0}}) {
+    INFO("forks of " << macs << " multiply-adds or more below the main stream");
+    const BackgroundMacs b(macs);
+    int64_t forks_on = 0;
+    const auto on = backward_once(true, &forks_on, autocast);
+    CHECK(forks_on == 3);
+    REQUIRE(on.size() == off.size());
+    for (size_t k = 0; k < on.size(); ++k) {
+      INFO("parameter " << k);
+      CHECK(on[k] == off[k]);
+    }
   }
 }
 
@@ -286,6 +304,9 @@ TEST_CASE("releasing what the side stream kept one block behind gives one stream
   const AfterInputSwitch a(true);
   CHECK(train(true, true, false) == one_stream);
   CHECK(train(true, true, true) == one_stream);
+  // And on the side stream below the main one.
+  const BackgroundMacs below(0);
+  CHECK(train(true, true, true) == one_stream);
 }
 #endif
 
@@ -295,6 +316,10 @@ TEST_CASE("the weight-gradient stream switch, and a CPU backward never forks", "
   CHECK(autograd::weight_grad_stream() == !before);
   autograd::set_weight_grad_stream(before);
   CHECK(autograd::weight_grad_stream() == before);
+  {
+    const BackgroundMacs b(12345);
+    CHECK(autograd::weight_grad_background_macs() == 12345);
+  }
 
   const StreamSwitch s(true);
   const Tensor w = leaf({3, 4}, kCPU, 1, 0.5), b = leaf({3}, kCPU, 2, 0.5), x = leaf({5, 4}, kCPU, 3, 1.0);
