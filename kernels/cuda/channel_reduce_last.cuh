@@ -315,7 +315,10 @@ __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out
 // activation (ResNet-18's 512 channels at 4x4: 262K vectors) gave each thread one vector, in
 // three or four waves of blocks one after the other, each loading its coefficients for that one
 // vector: 11-14 us for 4 MB. The grid is now what the kernel's occupancy holds
-// (resident_blocks): one wave, each thread four vectors or more, loaded together.
+// (resident_blocks): one wave, each thread a few vectors (2.6 to 3.9 on that layer), loaded
+// together, the same values. Measured on an H100 (bench_bn, the replayed passes): that layer's
+// forward with the join 20.3 -> 15.3 us, the 7x7x256 one's 23.9 -> 19.1; ResNet-18's step
+// 1.010x.
 template <typename T, typename F, typename... In>
 void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t stream, const In*... in) {
   if (n == 0) return;

@@ -1,7 +1,7 @@
 // Note [cuDNN's memsets in a captured graph]: many of cuDNN's sm_90 convolution engines clear a
 // few bytes of their workspace (a 4-byte counter the kernel's tiles share) with a
 // cudaMemsetAsync before the kernel, in every call, and captured into a CUDA graph it becomes a
-// memset node. In ResNet-18's replayed step on an H200 (24 of them in 324 nodes) each such node
+// memset node. In ResNet-18's replayed step on an H200 (23 of them in 324 nodes) each such node
 // took ~1.5 us, the kernel before it ended ~4.5 us before it started and the convolution after
 // it began ~3.7 us after it ended, where one kernel follows another by ~0.4 us: a memset node is
 // not run as the graph's kernels are, and handing over to it and back costs far more than the
@@ -16,8 +16,11 @@
 // kernel nodes writing the same value, element size, rows and pitch, with the same edges; and it
 // joins the step's capture as one child graph node placed after everything captured so far on
 // the calling stream, which the capture then continues from. The work and its order are
-// unchanged; outside a capture nothing happens. Environment: TANDEM_CUDNN_MEMSET_KERNELS=0 turns
-// it off (kernels/backend.h).
+// unchanged; outside a capture nothing happens. Measured on ResNet-18's step (bf16,
+// channels-last, timed engines; H100, one build, off against on): 23 of the 24 memset nodes
+// gone (the one left zeroes the gradient buffer), idle time inside the graph 204 -> 89 us, the
+// replay 3573 -> 3333 us, 75.7k -> 77.9k images/s. Environment: TANDEM_CUDNN_MEMSET_KERNELS=0
+// turns it off (kernels/backend.h).
 #include "kernels/cuda/graph_memset.h"
 
 #include <algorithm>
