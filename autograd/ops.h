@@ -148,7 +148,7 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 // batch_norm(x + bias), or batch_norm_relu(x + bias) when relu, for x [N, C, H, W] the output
 // of a convolution run without its bias and bias [C] that bias, without storing x + bias: the
 // same values, running statistics and gradients, bit for bit, as conv2d with the bias followed
-// by batch_norm or batch_norm_relu (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu,
+// by batch_norm or batch_norm_relu (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cuh,
 // which also names the layers whose conv sums its bias gradient otherwise). Under autocast the
 // bias is cast as conv2d casts it. Gradients reach x, bias, gamma and beta. Training: one op
 // (node "BatchNormBias" or "BatchNormBiasRelu"); eval: "BatchNormBiasEval", then the ReLU op.

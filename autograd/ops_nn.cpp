@@ -201,7 +201,7 @@ Shape channel_shape(const Tensor& x) {
 
 // Eval mode is the affine map y = (x - mean) * invstd * gamma + beta with fixed statistics,
 // x = z + bias for the output z of a conv run without its bias (bias defined; Note [conv bias
-// in batch norm] in kernels/cuda/batchnorm.cu). invstd and mean are snapshotted at forward
+// in batch norm] in kernels/cuda/batchnorm.cuh). invstd and mean are snapshotted at forward
 // time because the running stats are updated in place by later training steps. The bias
 // gradient is the conv's own reduction of the gradient of z, so it is the bits the conv would
 // compute.

@@ -1,6 +1,6 @@
 // ResNet-18's batch-norm passes as its training step runs them (batch 256, bfloat16,
 // channels-last, the conv bias fused in: Note [conv bias in batch norm] in
-// kernels/cuda/batchnorm.cu), one layer shape at a time, against a copy of the same activation:
+// kernels/cuda/batchnorm.cuh), one layer shape at a time, against a copy of the same activation:
 // how close each pass comes to the memory bandwidth the GPU gives a plain copy.
 //
 // Per shape (the stem and stage 1: 64 channels at 28x28; then 128 at 14x14, 256 at 7x7, 512 at

@@ -231,7 +231,7 @@ class Backend {
   // relu_out: no mask).
   // bias [C] (x's dtype; undefined: none): x is then the output z of a convolution run without
   // its bias, and the op is batch norm of z + bias (added as conv2d_forward adds it) without
-  // storing z + bias (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu); the backward
+  // storing z + bias (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cuh); the backward
   // takes the same z and bias, and dx is the gradient with respect to z. dbias [C] (x's dtype;
   // undefined: not wanted) = the per-channel sum of dx, bit for bit what conv2d_backward_bias
   // computes from that dx.
@@ -370,7 +370,7 @@ bool fuse_bn_add_relu();
 // fuse_conv_bias (default true): Residual blocks, and a Sequential's Conv2d
 //   followed by a BatchNorm2d, run the convolution without its bias and add the bias inside
 //   the batch norm's passes (batch_norm_bias; Note [conv bias in batch norm] in
-//   kernels/cuda/batchnorm.cu): the same values and gradients without the bias-add pass
+//   kernels/cuda/batchnorm.cuh): the same values and gradients without the bias-add pass
 //   forward and the bias-gradient pass backward. Only for a convolution with a bias whose
 //   output goes to nothing but the batch norm. ResNet-18 on an H200: +2.9% images/s channels-last
 //   bf16, +3.4% float32. Likewise a Sequential's Conv2d followed by an activation and a pooling

@@ -122,7 +122,7 @@ struct BatchNormResult {
 // relu: y = relu(batch_norm(x)) in one pass (Note [batch norm + ReLU] in kernels/backend.h).
 // bias [C] (x's dtype and device; undefined: none): x is a convolution's output without its
 // bias, normalized as x + bias without storing that (Note [conv bias in batch norm] in
-// kernels/cuda/batchnorm.cu).
+// kernels/cuda/batchnorm.cuh).
 // residual (x's shape, dtype and device; undefined: none; relu must be on): y = relu(batch_norm(x) +
 // residual) in the same pass (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,

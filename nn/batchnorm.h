@@ -61,7 +61,7 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
 
 // bn(conv(x)), or with relu bn.forward_relu(conv(x)); when fuse_conv_bias() is on and conv has
 // a bias, conv runs without it and bn adds it in its passes (forward_biased): the same values
-// and gradients (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cu). For a conv whose
+// and gradients (Note [conv bias in batch norm] in kernels/cuda/batchnorm.cuh). For a conv whose
 // output goes to nothing but bn, as in Residual and a Sequential's Conv2d -> BatchNorm2d.
 // With a residual (relu then implied): relu(bn(conv(x)) + residual), the batch norm's
 // forward_add_relu, the conv's bias fused in the same way.

@@ -140,7 +140,7 @@ void bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const T
 
 // z + bias[c] in z's dtype, each sum rounded once: the input of a batch norm that takes a
 // conv's bias, as the CUDA convolution's bias add computes it (Note [conv bias in batch norm]
-// in kernels/cuda/batchnorm.cu). The CPU, the reference, writes it out and runs the plain
+// in kernels/cuda/batchnorm.cuh). The CPU, the reference, writes it out and runs the plain
 // kernels on it.
 Tensor add_conv_bias(const Tensor& z, const Tensor& bias) {
   const BnGeom g = geom(z);

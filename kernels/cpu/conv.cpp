@@ -225,7 +225,7 @@ void conv_backward_weight(const ConvGeom& g, const T* x, const T* dy, T* dw) {
 
 // db [K] = the sum of dy [N, K, PQ] per channel, in double, image by image: an order that
 // depends on dy's shape alone, so a batch norm that takes the bias (Note [conv bias in batch
-// norm] in kernels/cuda/batchnorm.cu) gets the same bits from its dx.
+// norm] in kernels/cuda/batchnorm.cuh) gets the same bits from its dx.
 template <typename T>
 void conv_backward_bias(const T* dy, int64_t n, int64_t k, int64_t pq, T* db) {
   for (int64_t c = 0; c < k; ++c) {

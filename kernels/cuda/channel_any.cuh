@@ -66,7 +66,7 @@ void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
 // so an input at an offset that breaks those vectors is read element by element), the same
 // per-thread walk (for_channel_group, for_rows_last), the same block and finish reductions. So
 // the sum is bit for bit channel_sum_any(out), without that second pass over out (Note [conv
-// bias in batch norm] in batchnorm.cu). Being a reduction, it runs on the split grid
+// bias in batch norm] in batchnorm.cuh). Being a reduction, it runs on the split grid
 // rather than the flat grid-stride loop of channel_map.
 
 // A vector of VEC elements at p + off: one vector load when p is aligned to it, else VEC loads.

@@ -269,7 +269,7 @@ void convolve(Device device, const Tensor& xt, const Tensor& wt, const Tensor& y
 }
 
 // y [N, K, PQ] += bias [K] (channel_map, channel_reduce.cuh). A batch norm that takes the bias
-// adds it with the same add (add_conv_bias, Note [conv bias in batch norm] in batchnorm.cu).
+// adds it with the same add (add_conv_bias, Note [conv bias in batch norm] in batchnorm.cuh).
 template <typename T>
 struct AddBias {
   const T* bias;
@@ -378,7 +378,7 @@ void CudaBackend::conv2d_backward_bias(const Tensor& dy, const Tensor& db) {
     using T = typename decltype(tag)::type;
     // db = per-channel sum of dy (Note [split channel reductions], Note [channels-last
     // channel reductions]); a batch norm that takes the bias computes the same bits (Note
-    // [conv bias in batch norm] in batchnorm.cu).
+    // [conv bias in batch norm] in batchnorm.cuh).
     gpu::channel_sum_any<T>(dy, gpu::ptr<T>(db), current_cuda_stream(db.device()));
   });
 }

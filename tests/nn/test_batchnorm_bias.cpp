@@ -1,5 +1,5 @@
 // A convolution's bias added inside the batch norm after it (Note [conv bias in batch norm] in
-// kernels/cuda/batchnorm.cu): batch_norm_bias against the two ops -- the conv's bias add, then
+// kernels/cuda/batchnorm.cuh): batch_norm_bias against the two ops -- the conv's bias add, then
 // batch_norm or batch_norm_relu, the bias gradient from the conv's own backward -- bit for bit
 // (output, every gradient, running statistics) on each device, in both memory formats, in
 // float32, float64 and bfloat16, train and eval, with the ReLU and without; a float64
