@@ -15,6 +15,7 @@
 #include "core/generator.h"
 #include "helpers.h"
 #include "kernels/ops.h"
+#include "nn/nn_test_util.h"
 #include "parallel/flat_buffer.h"
 
 using namespace tandem;
@@ -254,14 +255,6 @@ struct LaggedSwitch {
   bool before;
 };
 
-struct AfterInputSwitch {
-  explicit AfterInputSwitch(bool on) : before(autograd::weight_grad_after_input_grad()) {
-    autograd::set_weight_grad_after_input_grad(on);
-  }
-  ~AfterInputSwitch() { autograd::set_weight_grad_after_input_grad(before); }
-  bool before;
-};
-
 TEST_CASE("releasing what the side stream kept one block behind gives one stream's gradients, forked before or after dx",
           "[autograd][cuda][cuda_graph][wgrad_stream]") {
   TANDEM_REQUIRE_CUDA();
@@ -301,7 +294,9 @@ TEST_CASE("releasing what the side stream kept one block behind gives one stream
   CHECK(autograd::weight_grad_stream_forks() - before == 2 * 5 * 3);  // blocks 2-4 fork; block 1's input needs no gradient
   CHECK(train(true, true, true) == one_stream);
   // The weight gradients forked after their input gradients: the same values, graphed too.
-  const AfterInputSwitch a(true);
+  const test::SettingRestore after(autograd::set_weight_grad_after_input_grad,
+                                   autograd::weight_grad_after_input_grad);
+  autograd::set_weight_grad_after_input_grad(true);
   CHECK(train(true, true, false) == one_stream);
   CHECK(train(true, true, true) == one_stream);
   // And on the side stream below the main one.
