@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sums[k][0] += static_cast<S>(o.v[k]);
     };
-    for_rows_last<last_unroll(sizeof(InputVecs<T, VEC, N>))>(g, c0, s, load, add);
+    for_rows_last<last_batch_rows(sizeof(InputVecs<T, VEC, N>), kLastBatch), false>(g, c0, s, load, add);
   }
   store_partials_last<VEC, 1>(sums, g, s, partial);
 }

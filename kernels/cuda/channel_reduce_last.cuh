@@ -18,9 +18,9 @@ namespace tandem::gpu {
 // side by side, a tile of lanes * VEC channels, and kSplitBlock / lanes rows of it at a time: a
 // warp reads whole rows of the tile, lanes * VEC contiguous elements each. As in the NCHW kernels,
 // the rows are cut into `splits` groups, one block per (channel tile, group). Each thread sums its
-// rows in order, loading a few of them (last_unroll) before it adds the first, so that several
-// loads are in flight per thread rather than one; the block's row slots are then added channel by
-// channel in a fixed order, and the same finish kernels add a channel's groups in index order:
+// rows in order, a batch of them (last_batch_rows) loaded together, the next batch's loads in
+// flight while it adds one (Note [rows in flight]); the block's row slots are then added channel
+// by channel in a fixed order, and the same finish kernels add a channel's groups in index order:
 // deterministic, no atomics. The split is a ChannelSplit with n = rows and hw = 1, so
 // partial[(c * splits + s) * M + m] and the finish kernels are those of the NCHW layout. The vector
 // width is part of the order of the additions (it sets the tile and the row slots), so two
@@ -43,12 +43,21 @@ using thread_sum_t = std::conditional_t<sizeof(T) == 2, float, double>;
 
 constexpr int kLastMaxLanes = 32;
 
-// Rows a thread loads before it adds the first, for `bytes` loaded per row: about 96 bytes in
-// flight per thread, 2 to 8 rows (one 16-byte input: 6; three: 2).
-constexpr int last_unroll(size_t bytes) {
-  const size_t u = 96 / bytes;
-  return u < 2 ? 2 : u > 8 ? 8 : static_cast<int>(u);
+// Rows in a batch of for_rows_last, for `bytes` loaded per row and `budget` bytes a batch, 1 to 8.
+// The reductions pipeline their batches (Note [rows in flight]) at 64 bytes a batch (one 16-byte
+// input: 4 rows; two: 2; three or more: 1), one to two batches in flight: each row's loads take
+// registers twice, for the batch being added and the one in flight, and with 96 bytes a batch
+// the 8-channel gradient sums of 16-bit tensors spilled at the 128 registers that two blocks a
+// multiprocessor allow. The reductions of one channel a thread (a tensor too small for the
+// vectors), and the dx passes that sum their output (channel_map_sum_last_kernel), which hold
+// their channels' coefficients besides and run near the copy's bandwidth already, take one
+// batch at a time, 96 bytes: pipelined, the former needed up to 124 registers instead of 72,
+// and the GPU would hold two of their blocks a multiprocessor instead of three.
+constexpr int last_batch_rows(size_t bytes, size_t budget) {
+  const size_t u = budget / bytes;
+  return u < 1 ? 1 : u > 8 ? 8 : static_cast<int>(u);
 }
+constexpr size_t kLastPipelinedBatch = 64, kLastBatch = 96;
 
 // Rows a thread walks in a row group at least, where the rows allow: fewer, and a block's fixed
 // work (its channels' coefficients, the reduction of its row slots, the finish kernel's read of
@@ -141,31 +150,69 @@ __device__ __forceinline__ int64_t last_first_channel(const ChannelSplit& g) {
   return (static_cast<int64_t>(blockIdx.x) * g.lanes + static_cast<int64_t>(threadIdx.x) % g.lanes) * g.vec;
 }
 
-// Calls add(i, load(i)) for this thread's rows of group s, i = row * C + c0, rows in order;
-// U rows are loaded before the first of them is added, the last fewer than U too: a thread's
-// rows are rarely a multiple of U (ResNet-18's first-stage statistics: ~24 rows a thread, 6 at
-// a time, 5 or 6 left), and taken one by one they would each wait for their load alone.
-template <int U, typename Load, typename Add>
+// Calls add(i, load(i)) for this thread's rows of group s, i = row * C + c0, rows in order, in
+// batches of U rows loaded together before the first of them is added. The last batch may hold
+// fewer than U (a thread's rows are rarely a multiple of U; taken one by one they would each wait
+// for their load alone).
+//
+// Note [rows in flight]: with Pipelined, a batch's loads are issued before the batch before it
+// is added, so that a thread has U to 2U rows in flight all the way through instead of U, then
+// none while it adds them, then U again: a reduction over ResNet-18's activations gives each
+// thread a few dozen rows (the first stage's statistics: ~24), and with the batches one after
+// another each of them waited a whole memory latency with the multiprocessor's load slots idle
+// before the next was issued. A store that add() makes (a map that sums its output, the join's
+// mask) goes to the row it has just read, so the next batch's loads, of other rows, may go
+// first. The order of the additions is that of the rows either way.
+template <int U, bool Pipelined, typename Load, typename Add>
 __device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c0, int64_t s, Load load, Add add) {
+  using Loaded = decltype(load(int64_t{0}));
   const int64_t step = kSplitBlock / g.lanes;
   const int64_t r0 = s * g.per, r1 = r0 + g.per < g.n ? r0 + g.per : g.n;
   int64_t row = r0 + static_cast<int64_t>(threadIdx.x) / g.lanes;
-  for (; row + (U - 1) * step < r1; row += U * step) {
-    decltype(load(int64_t{0})) v[U];
+  if constexpr (Pipelined) {
+    // Rows first, first + step, ... of a batch, those below r1.
+    const auto load_batch = [&](Loaded (&v)[U], int64_t first) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = load((row + u * step) * g.c + c0);
+      for (int u = 0; u < U; ++u) {
+        if (first + u * step < r1) v[u] = load((first + u * step) * g.c + c0);
+      }
+    };
+    const auto add_batch = [&](const Loaded (&v)[U], int64_t first) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) add((row + u * step) * g.c + c0, v[u]);
-  }
-  if (row < r1) {  // fewer than U rows left: loaded together, added in order
-    decltype(load(int64_t{0})) v[U - 1];
+      for (int u = 0; u < U; ++u) {
+        if (first + u * step < r1) add((first + u * step) * g.c + c0, v[u]);
+      }
+    };
+    if (row >= r1) return;
+    Loaded v[U], next[U];
+    load_batch(v, row);
+    for (;;) {
+      const int64_t after = row + U * step;
+      if (after < r1) load_batch(next, after);  // in flight while this batch is added
+      add_batch(v, row);
+      if (after >= r1) return;
 #pragma unroll
-    for (int u = 0; u < U - 1; ++u) {
-      if (row + u * step < r1) v[u] = load((row + u * step) * g.c + c0);
+      for (int u = 0; u < U; ++u) v[u] = next[u];
+      row = after;
     }
+  } else {
+    for (; row + (U - 1) * step < r1; row += U * step) {
+      Loaded v[U];
 #pragma unroll
-    for (int u = 0; u < U - 1; ++u) {
-      if (row + u * step < r1) add((row + u * step) * g.c + c0, v[u]);
+      for (int u = 0; u < U; ++u) v[u] = load((row + u * step) * g.c + c0);
+#pragma unroll
+      for (int u = 0; u < U; ++u) add((row + u * step) * g.c + c0, v[u]);
+    }
+    if (row < r1) {  // fewer than U rows left: loaded together, added in order
+      Loaded v[U - 1];
+#pragma unroll
+      for (int u = 0; u < U - 1; ++u) {
+        if (row + u * step < r1) v[u] = load((row + u * step) * g.c + c0);
+      }
+#pragma unroll
+      for (int u = 0; u < U - 1; ++u) {
+        if (row + u * step < r1) add((row + u * step) * g.c + c0, v[u]);
+      }
     }
   }
 }
@@ -208,8 +255,12 @@ __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelS
   typename Acc::sum_type sums[VEC][M] = {};
   if (c0 < g.c) {
     const auto a = acc.template at<VEC>(c0);
-    constexpr int U = last_unroll(sizeof(decltype(a.load(int64_t{0}))));
-    for_rows_last<U>(g, c0, s, [&](int64_t i) { return a.load(i); }, [&](int64_t i, const auto& v) { a.add(i, v, sums); });
+    constexpr bool kPipelined = VEC > 1;  // Note [rows in flight]
+    constexpr size_t kBatch = kPipelined ? kLastPipelinedBatch : kLastBatch;
+    constexpr int U = last_batch_rows(sizeof(decltype(a.load(int64_t{0}))), kBatch);
+    for_rows_last<U, kPipelined>(
+        g, c0, s, [&](int64_t i) { return a.load(i); },
+        [&](int64_t i, const auto& v) { a.add(i, v, sums); });
   }
   store_partials_last<VEC, M>(sums, g, s, partial);
 }
