@@ -136,15 +136,18 @@ Tensor softmax(const Tensor& x, int64_t dim);
 // Mean cross-entropy of logits [N, C] against int64 targets [N]; fused log-softmax.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 // Training-mode batch norm (updates running stats in place) or eval-mode (uses them).
+// num_batches_tracked (an int64 with one element on x's device, as BatchNorm2d's buffer; undefined:
+// none): in training, 1 is added to it where the running statistics are updated (on the GPU by
+// the same kernel: no launch of its own). The same argument in the fused forms below.
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
-                  double momentum, double eps);
+                  double momentum, double eps, const Tensor& num_batches_tracked = Tensor());
 // relu(batch_norm(...)), the same values and gradients; in training, one forward pass and one
 // backward pass fewer (Note [batch norm + ReLU] in kernels/backend.h). Eval mode composes
 // the two ops.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
-                       double momentum, double eps);
+                       double momentum, double eps, const Tensor& num_batches_tracked = Tensor());
 // batch_norm(x + bias), or batch_norm_relu(x + bias) when relu, for x [N, C, H, W] the output
 // of a convolution run without its bias and bias [C] that bias, without storing x + bias: the
 // same values, running statistics and gradients, bit for bit, as conv2d with the bias followed
@@ -154,7 +157,8 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 // (node "BatchNormBias" or "BatchNormBiasRelu"); eval: "BatchNormBiasEval", then the ReLU op.
 Tensor batch_norm_bias(const Tensor& x, const Tensor& bias, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
-                       double momentum, double eps, bool relu = false);
+                       double momentum, double eps, bool relu = false,
+                       const Tensor& num_batches_tracked = Tensor());
 // relu(batch_norm(x) + residual) -- the join at the end of a ResNet block -- for residual of x's
 // shape, dtype and device; with bias [C], of x + bias as batch_norm_bias takes it. The same values,
 // running statistics and gradients, bit for bit, as batch_norm (or batch_norm_bias) followed by
@@ -164,6 +168,7 @@ Tensor batch_norm_bias(const Tensor& x, const Tensor& bias, const Tensor& gamma,
 // "BatchNormBiasAddRelu"); eval: the batch norm, then add_relu.
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
                            const Tensor& running_mean, const Tensor& running_var, bool training,
-                           double momentum, double eps, const Tensor& bias = Tensor());
+                           double momentum, double eps, const Tensor& bias = Tensor(),
+                           const Tensor& num_batches_tracked = Tensor());
 
 }  // namespace tandem

@@ -243,9 +243,10 @@ Tensor batch_norm_eval(const char* name, const Tensor& x, const Tensor& bias, co
 // (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
 Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, const Tensor& gamma,
                         const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
-                        double momentum, double eps, bool relu, const Tensor& residual = Tensor()) {
+                        double momentum, double eps, bool relu, const Tensor& residual,
+                        const Tensor& num_batches_tracked) {
   auto r = kernels::batch_norm_train(x, gamma, beta, running_mean, running_var, momentum, eps, relu, bias,
-                                     residual);
+                                     residual, num_batches_tracked);
   if (autograd::any_requires_grad({&x, &bias, &gamma, &beta, &residual})) {
     const bool nx = needs_grad(x), nbias = needs_grad(bias), ng = needs_grad(gamma), nb = needs_grad(beta),
                nr = needs_grad(residual);
@@ -286,29 +287,29 @@ void check_bn_input(const char* op, const Tensor& x) {
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
-                  double momentum, double eps) {
+                  double momentum, double eps, const Tensor& num_batches_tracked) {
   check_bn_input("batch_norm", x);
   if (!training) {
     return batch_norm_eval("BatchNormEval", x, Tensor(), gamma, beta, running_mean, running_var, eps);
   }
   return batch_norm_train("BatchNorm", x, Tensor(), gamma, beta, running_mean, running_var, momentum, eps,
-                          false);
+                          false, Tensor(), num_batches_tracked);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training,
-                       double momentum, double eps) {
+                       double momentum, double eps, const Tensor& num_batches_tracked) {
   check_bn_input("batch_norm_relu", x);
   if (!training) {
     return relu(batch_norm_eval("BatchNormEval", x, Tensor(), gamma, beta, running_mean, running_var, eps));
   }
   return batch_norm_train("BatchNormRelu", x, Tensor(), gamma, beta, running_mean, running_var, momentum, eps,
-                          true);
+                          true, Tensor(), num_batches_tracked);
 }
 
 Tensor batch_norm_bias(const Tensor& x, const Tensor& bias_in, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                       double eps, bool relu) {
+                       double eps, bool relu, const Tensor& num_batches_tracked) {
   TANDEM_CHECK(x.defined() && x.dim() == 4, Shape, "batch_norm_bias: expected the [N, C, H, W] output of a ",
                "convolution, got ", x.defined() ? x.str() : std::string("an undefined tensor"));
   TANDEM_CHECK(bias_in.defined(), Value, "batch_norm_bias: the bias is undefined (use batch_norm)");
@@ -318,12 +319,13 @@ Tensor batch_norm_bias(const Tensor& x, const Tensor& bias_in, const Tensor& gam
     return relu ? tandem::relu(y) : y;
   }
   return batch_norm_train(relu ? "BatchNormBiasRelu" : "BatchNormBias", x, bias, gamma, beta, running_mean,
-                          running_var, momentum, eps, relu);
+                          running_var, momentum, eps, relu, Tensor(), num_batches_tracked);
 }
 
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
                            const Tensor& running_mean, const Tensor& running_var, bool training,
-                           double momentum, double eps, const Tensor& bias_in) {
+                           double momentum, double eps, const Tensor& bias_in,
+                           const Tensor& num_batches_tracked) {
   check_bn_input("batch_norm_add_relu", x);
   TANDEM_CHECK(residual.defined(), Value, "batch_norm_add_relu: the residual is undefined (use batch_norm_relu)");
   TANDEM_CHECK(!bias_in.defined() || x.dim() == 4, Shape, "batch_norm_add_relu: a conv bias needs the ",
@@ -336,7 +338,7 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
                     residual);
   }
   return batch_norm_train(biased ? "BatchNormBiasAddRelu" : "BatchNormAddRelu", x, bias, gamma, beta,
-                          running_mean, running_var, momentum, eps, true, residual);
+                          running_mean, running_var, momentum, eps, true, residual, num_batches_tracked);
 }
 
 }  // namespace tandem

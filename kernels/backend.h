@@ -251,12 +251,15 @@ class Backend {
   // + residual), the join at the end of a ResNet block (Note [batch norm + residual join] in
   // kernels/cuda/batchnorm.cu). Its backward is batch norm's on the masked gradient, which is
   // also the residual's: the passes of the two ops.
+  //
+  // num_batches_tracked (an int64 with one element; undefined: none): 1 added to it, in stream
+  // order with the running statistics' update.
   virtual void batch_norm_forward_train(const Tensor& x, const Tensor& bias, const Tensor& gamma,
                                         const Tensor& beta, const Tensor& running_mean,
                                         const Tensor& running_var, double momentum, double eps,
                                         const Tensor& y, const Tensor& save_mean,
                                         const Tensor& save_invstd, bool relu,
-                                        const Tensor& residual) = 0;
+                                        const Tensor& residual, const Tensor& num_batches_tracked) = 0;
   virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
                                        const Tensor& beta, const Tensor& running_mean,
                                        const Tensor& running_var, double eps, const Tensor& y,

@@ -125,10 +125,14 @@ struct BatchNormResult {
 // kernels/cuda/batchnorm.cuh).
 // residual (x's shape, dtype and device; undefined: none; relu must be on): y = relu(batch_norm(x) +
 // residual) in the same pass (Note [batch norm + residual join] in kernels/cuda/batchnorm.cu).
+// num_batches_tracked (an int64 [] or [1] on x's device; undefined: none): 1 is added to it where
+// the running statistics are updated, on the GPU by the same kernel (Note [the batch count in
+// the statistics' finish] in kernels/cuda/batchnorm.cu).
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
                                  double momentum, double eps, bool relu = false,
-                                 const Tensor& bias = Tensor(), const Tensor& residual = Tensor());
+                                 const Tensor& bias = Tensor(), const Tensor& residual = Tensor(),
+                                 const Tensor& num_batches_tracked = Tensor());
 Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, double eps, bool relu = false,
                        const Tensor& bias = Tensor());

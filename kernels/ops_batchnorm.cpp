@@ -50,7 +50,7 @@ void check_bn_args(const char* op, const Tensor& x,
 BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  const Tensor& running_mean, const Tensor& running_var,
                                  double momentum, double eps, bool relu, const Tensor& bias,
-                                 const Tensor& residual) {
+                                 const Tensor& residual, const Tensor& num_batches_tracked) {
   const char* op = "batch_norm";
   check_same_device(op, {&x, &running_mean, &running_var});
   check_bn_args(op, x, {&gamma, &beta, &running_mean, &running_var});
@@ -63,6 +63,13 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   }
   check_in_place(op, running_mean, "running_mean");
   check_in_place(op, running_var, "running_var");
+  if (num_batches_tracked.defined()) {
+    check_same_device(op, {&x, &num_batches_tracked});
+    TANDEM_CHECK(num_batches_tracked.dtype() == kInt64 && num_batches_tracked.numel() == 1, DType, op,
+                 ": num_batches_tracked must be one int64, got ", dtype_name(num_batches_tracked.dtype()), " ",
+                 shape_str(num_batches_tracked.shape()));
+    check_in_place(op, num_batches_tracked, "num_batches_tracked");
+  }
   const int64_t c = x.size(1);
   TANDEM_CHECK(c > 0 && x.numel() / c > 1, Value, op,
                ": training needs more than one value per channel, got input ",
@@ -74,7 +81,7 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   be.batch_norm_forward_train(x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                               or_full(gamma, c, 1.0, x), or_full(beta, c, 0.0, x), running_mean, running_var,
                               momentum, eps, r.y, r.save_mean, r.save_invstd, relu,
-                              residual.defined() ? residual.contiguous(fmt) : Tensor());
+                              residual.defined() ? residual.contiguous(fmt) : Tensor(), num_batches_tracked);
   r.y = in_format(r.y, fmt, want);
   return r;
 }

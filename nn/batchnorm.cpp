@@ -59,21 +59,22 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& conv_bias, con
                  "BatchNorm2d: training needs more than one value per "
                  "channel, got input ",
                  shape_str(x.shape()));
-    const Tensor& count = num_batches_tracked();
-    if (!one_.defined() || one_.device() != count.device()) one_ = ones({}, kInt64, count.device());
-    kernels::axpby_(1.0, one_, 1.0, count);
   }
+  // The op adds 1 to it in training, where it updates the running statistics.
+  const Tensor& count = num_batches_tracked();
   if (residual.defined()) {
     TANDEM_CHECK(relu, Value, "BatchNorm2d(", c_, "): a residual is joined before a ReLU only");
     return batch_norm_add_relu(x, residual, weight(), bias(), running_mean(), running_var(), is_training(),
-                               momentum_, eps_, conv_bias);
+                               momentum_, eps_, conv_bias, count);
   }
   if (conv_bias.defined()) {
     return batch_norm_bias(x, conv_bias, weight(), bias(), running_mean(), running_var(), is_training(),
-                           momentum_, eps_, relu);
+                           momentum_, eps_, relu, count);
   }
-  return relu ? batch_norm_relu(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_)
-              : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_);
+  return relu ? batch_norm_relu(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_,
+                                count)
+              : batch_norm(x, weight(), bias(), running_mean(), running_var(), is_training(), momentum_, eps_,
+                           count);
 }
 
 Tensor conv_batch_norm(Conv2d& conv, BatchNorm2d& bn, const Tensor& x, bool relu, const Tensor& residual) {

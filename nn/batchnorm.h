@@ -56,7 +56,6 @@ class BatchNorm2d : public Cloneable<BatchNorm2d> {
 
   int64_t c_;
   double eps_, momentum_;
-  Tensor one_;  // int64 [] 1 on the buffers' device: what each training forward adds
 };
 
 // bn(conv(x)), or with relu bn.forward_relu(conv(x)); when fuse_conv_bias() is on and conv has

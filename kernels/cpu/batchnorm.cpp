@@ -166,23 +166,30 @@ void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& bias, c
                                           const Tensor& beta, const Tensor& running_mean,
                                           const Tensor& running_var, double momentum, double eps,
                                           const Tensor& y, const Tensor& save_mean,
-                                          const Tensor& save_invstd, bool relu, const Tensor& residual) {
+                                          const Tensor& save_invstd, bool relu, const Tensor& residual,
+                                          const Tensor& num_batches_tracked) {
+  if (num_batches_tracked.defined()) {
+    batch_norm_forward_train(x, bias, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean,
+                             save_invstd, relu, residual, Tensor());
+    mptr<int64_t>(num_batches_tracked)[0] += 1;
+    return;
+  }
   if (residual.defined()) {  // the reference composes the two ops: relu(y + residual) in place
     batch_norm_forward_train(x, bias, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean,
-                             save_invstd, false, Tensor());
+                             save_invstd, false, Tensor(), Tensor());
     binary(BinaryOp::AddRelu, y, residual, y);
     return;
   }
   if (bias.defined()) {
     batch_norm_forward_train(add_conv_bias(x, bias), Tensor(), gamma, beta, running_mean, running_var,
-                             momentum, eps, y, save_mean, save_invstd, relu, Tensor());
+                             momentum, eps, y, save_mean, save_invstd, relu, Tensor(), Tensor());
     return;
   }
   if (x.dtype() == kBFloat16) {  // Note [bfloat16 on the CPU] in conv.cpp; the rest is float32
     // relu before the rounding: it commutes with it (monotonic, and 0 is exact).
     Tensor yf(y.shape(), kFloat32, y.device());
     batch_norm_forward_train(x.to(kFloat32), Tensor(), gamma, beta, running_mean, running_var, momentum,
-                             eps, yf, save_mean, save_invstd, relu, Tensor());
+                             eps, yf, save_mean, save_invstd, relu, Tensor(), Tensor());
     y.copy_(yf);
     return;
   }

@@ -61,8 +61,8 @@ class CpuBackend final : public Backend {
                                 const Tensor& beta, const Tensor& running_mean,
                                 const Tensor& running_var, double momentum, double eps,
                                 const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
-                                bool relu,
-                                const Tensor& residual) override;
+                                bool relu, const Tensor& residual,
+                                const Tensor& num_batches_tracked) override;
   void batch_norm_forward_eval(const Tensor& x, const Tensor& bias, const Tensor& gamma,
                                const Tensor& beta, const Tensor& running_mean,
                                const Tensor& running_var, double eps, const Tensor& y,

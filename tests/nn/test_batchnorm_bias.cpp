@@ -322,3 +322,63 @@ TEST_CASE("batch norm names a conv bias of the wrong shape, dtype or device", "[
   nn::BatchNorm2d bn(3);
   test::error_message<ShapeError>([&] { bn.forward_biased(x, zeros({5})); });
 }
+
+// num_batches_tracked counted by the op that updates the running statistics (Note [the batch
+// count in the statistics' finish] in kernels/cuda/batchnorm.cu): every training form adds 1,
+// eval adds nothing, a BatchNorm2d counts the same through each fused forward.
+TEST_CASE("The batch norm ops add 1 to a num_batches_tracked they are given, in training only", "[nn][cuda]") {
+  manual_seed(47);
+  for (const Device d : test::test_devices()) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      INFO("on " << d.str() << (fmt == MemoryFormat::ChannelsLast ? " channels-last" : ""));
+      const Tensor x = uniform({4, 3, 5, 6}, -2.0, 2.0).contiguous(fmt).to(d);
+      const Tensor res = uniform({4, 3, 5, 6}, -1.0, 1.0).contiguous(fmt).to(d);
+      const Tensor b = uniform({3}, -0.5, 0.5).to(d);
+      const Tensor rm = zeros({3}, kFloat32, d), rv = ones({3}, kFloat32, d);
+      const Tensor count = zeros({}, kInt64, d);
+      batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, count);
+      CHECK(count.item() == 1.0);
+      batch_norm_relu(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, count);
+      batch_norm_bias(x, b, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, true, count);
+      batch_norm_add_relu(x, res, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, b, count);
+      batch_norm_add_relu(x, res, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, Tensor(), count);
+      CHECK(count.item() == 5.0);
+      // Eval counts nothing; without the argument nothing is counted either.
+      batch_norm(x, Tensor(), Tensor(), rm, rv, false, 0.1, 1e-5, count);
+      batch_norm_add_relu(x, res, Tensor(), Tensor(), rm, rv, false, 0.1, 1e-5, b, count);
+      batch_norm(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5);
+      CHECK(count.item() == 5.0);
+      // The module through its fused forwards (and the bfloat16 path of each device).
+      nn::BatchNorm2d bn(3);
+      bn.to(d);
+      bn(x);
+      bn.forward_relu(x.to(kBFloat16));
+      bn.forward_biased(x, b, true);
+      bn.forward_add_relu(x, res, b);
+      CHECK(bn.num_batches_tracked().item() == 4.0);
+      bn.eval();
+      bn.forward_add_relu(x, res, b);
+      CHECK(bn.num_batches_tracked().item() == 4.0);
+    }
+  }
+}
+
+TEST_CASE("batch norm names a num_batches_tracked of the wrong dtype, shape or device", "[kernels]") {
+  const Tensor x = uniform({4, 3, 2, 2}, -1.0, 1.0), rm = zeros({3}), rv = ones({3});
+  const auto train_with = [&](const Tensor& count) {
+    kernels::batch_norm_train(x, Tensor(), Tensor(), rm, rv, 0.1, 1e-5, false, Tensor(), Tensor(), count);
+  };
+  std::string msg = test::error_message<DTypeError>([&] { train_with(zeros({}, kFloat32)); });
+  CHECK(test::contains(msg, "num_batches_tracked"));
+  CHECK(test::contains(msg, "float32"));
+  msg = test::error_message<DTypeError>([&] { train_with(zeros({2}, kInt64)); });
+  CHECK(test::contains(msg, shape_str({2})));
+  test::error_message<DeviceError>([&] { train_with(zeros({}, kInt64, Device::cpu(1))); });
+  // Nothing counted by a call that failed, before or after its checks.
+  const Tensor count = zeros({}, kInt64);
+  test::error_message<ShapeError>([&] {
+    kernels::batch_norm_train(uniform({4, 2, 2, 2}, -1.0, 1.0), Tensor(), Tensor(), rm, rv, 0.1, 1e-5, false,
+                              Tensor(), Tensor(), count);
+  });
+  CHECK(count.item() == 0.0);
+}
