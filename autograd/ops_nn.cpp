@@ -265,12 +265,20 @@ Tensor batch_norm_train(const char* name, const Tensor& x, const Tensor& bias, c
              const Shape cs{x.size(1)};
              const Tensor dg_to = ng ? autograd::grad_destination(2, cs, mean.dtype(), x.device()) : Tensor();
              const Tensor db_to = nb ? autograd::grad_destination(3, cs, mean.dtype(), x.device()) : Tensor();
+             // The conv bias's gradient into its leaf's .grad as well, also through an autocast
+             // copy's conversion: written there by the kernels where that .grad is x's dtype or
+             // the per-channel one (Note [the conv bias's gradient in float32] in
+             // kernels/cuda/batchnorm_backward.cu), else copied there from their result.
+             const Tensor dbias_to = nbias ? autograd::weight_grad_destination(1, cs, x.device()) : Tensor();
+             const bool dbias_direct = dbias_to.defined() && dbias_to.is_contiguous() &&
+                                       (dbias_to.dtype() == x.dtype() || dbias_to.dtype() == mean.dtype());
              // A second gradient of the output (a block's output feeds the next block's convolution
              // and its shortcut) is added as the first pass reads dy (Note [gradient parts]).
              auto d = kernels::batch_norm_backward(g[0], x, gamma, mean, invstd, y, bias, nbias, dg_to, db_to, nr,
-                                                   autograd::take_gradient_part(0));
-             return {nx ? d.dx : Tensor(), d.dbias, ng ? d.dgamma : Tensor(), nb ? d.dbeta : Tensor(),
-                     nr ? d.masked_dy : Tensor()};
+                                                   autograd::take_gradient_part(0),
+                                                   dbias_direct ? dbias_to : Tensor());
+             return {nx ? d.dx : Tensor(), autograd::written_into(d.dbias, dbias_to), ng ? d.dgamma : Tensor(),
+                     nb ? d.dbeta : Tensor(), nr ? d.masked_dy : Tensor()};
            });
     autograd::meta(r.y).grad_fn->sums_gradient_parts = true;
   }

@@ -138,7 +138,7 @@ Tensor batch_norm_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& bias = Tensor());
 struct BatchNormGrads {
   Tensor dx, dgamma, dbeta;
-  Tensor dbias;      // [C] in x's dtype when asked for (with_dbias), else undefined
+  Tensor dbias;      // [C] in x's dtype (or dbias_into) when asked for (with_dbias), else undefined
   Tensor masked_dy;  // dy masked by relu_out, x's shape and dtype, when asked for (with_masked_dy)
 };
 // relu_out: the fused forward's output, whose zeros mask dy (undefined: no ReLU). bias: the
@@ -150,12 +150,15 @@ struct BatchNormGrads {
 // before the ReLU: Note [batch norm + residual join] in kernels/cuda/batchnorm.cu). dy_part
 // (dy's shape, dtype and device; undefined: none): the backward of dy + dy_part, the two added
 // as they are read where the kernels can (Note [gradient parts] in autograd/node.h).
+// dbias_into (with_dbias): a packed [C] tensor on x's device to write dbias into, of x's dtype or
+// of save_mean's (float32 for a bfloat16 x: each sum rounded to bfloat16, then stored as float32;
+// Note [the conv bias's gradient in float32] in kernels/cuda/batchnorm_backward.cu).
 BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out = Tensor(), const Tensor& bias = Tensor(),
                                    bool with_dbias = false, const Tensor& dgamma_into = Tensor(),
                                    const Tensor& dbeta_into = Tensor(), bool with_masked_dy = false,
-                                   const Tensor& dy_part = Tensor());
+                                   const Tensor& dy_part = Tensor(), const Tensor& dbias_into = Tensor());
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and

@@ -107,7 +107,7 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    const Tensor& relu_out, const Tensor& bias, bool with_dbias,
                                    const Tensor& dgamma_into, const Tensor& dbeta_into, bool with_masked_dy,
-                                   const Tensor& dy_part) {
+                                   const Tensor& dy_part, const Tensor& dbias_into) {
   const char* op = "batch_norm_backward";
   check_same_device(op, {&dy, &x, &save_mean, &save_invstd});
   check_same_dtype(op, {&dy, &x});
@@ -126,13 +126,16 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
     check_same_dtype(op, {&dy, &dy_part});
     check_shape(op, dy_part, x.shape(), "dy_part");
   }
+  TANDEM_CHECK(!dbias_into.defined() || with_dbias, Value, op, ": dbias_into without with_dbias");
   const int64_t c = x.size(1);
   Backend& be = backend_for(x.device());
   const MemoryFormat want = bn_format(x), fmt = kernel_format(be, want);
-  // save_mean has the per-channel dtype and x's device (check_bn_args).
+  // save_mean has the per-channel dtype and x's device (check_bn_args). dbias: x's dtype, or
+  // save_mean's where dbias_into has it.
+  const Tensor& dbias_like = dbias_into.defined() && dbias_into.dtype() == save_mean.dtype() ? save_mean : x;
   BatchNormGrads g{Tensor(x.shape(), x.dtype(), x.device(), fmt), output_into(op, dgamma_into, {c}, save_mean, "dgamma"),
                    output_into(op, dbeta_into, {c}, save_mean, "dbeta"),
-                   with_dbias ? Tensor({c}, x.dtype(), x.device()) : Tensor(),
+                   with_dbias ? output_into(op, dbias_into, {c}, dbias_like, "dbias_into") : Tensor(),
                    with_masked_dy ? Tensor(x.shape(), x.dtype(), x.device(), fmt) : Tensor()};
   be.batch_norm_backward(dy.contiguous(fmt), x.contiguous(fmt), bias.defined() ? bias.contiguous() : Tensor(),
                          or_full(gamma, c, 1.0, x), save_mean.contiguous(), save_invstd.contiguous(),

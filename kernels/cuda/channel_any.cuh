@@ -152,9 +152,10 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
 }
 
 // channel_map_any(like, f, out, stream, in...) and sum[c] = channel_sum_any(out)[c], in one
-// pass (Note [a per-channel map that sums its output]). out and in... in like's format.
-template <typename T, typename F, typename... In>
-void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStream_t stream, const In*... in) {
+// pass (Note [a per-channel map that sums its output]); sum may be of a wider type S, the same
+// values. out and in... in like's format.
+template <typename T, typename F, typename S, typename... In>
+void channel_map_sum_any(const Tensor& like, const F& f, T* out, S* sum, cudaStream_t stream, const In*... in) {
   const bool last = channels_last_of(like);
   ChannelSplit g;
   Tensor partial;
@@ -177,7 +178,7 @@ void channel_map_sum_any(const Tensor& like, const F& f, T* out, T* sum, cudaStr
     with_channel_vec<T>(channel_split_of(like).hw, run, static_cast<const T*>(out));
   }
   TANDEM_CUDA_CHECK_LAUNCH();
-  channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
+  channel_sum_finish<T, S><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 

@@ -193,12 +193,14 @@ __device__ __forceinline__ int64_t finish_channel(const double* partial, const C
   return c;
 }
 
-// out[c] = sum of partial[c * splits .. + splits) (Note [finishing a split reduction]).
-template <typename T>
-__global__ void channel_sum_finish(const double* partial, T* out, ChannelSplit g) {
+// out[c] = sum of partial[c * splits .. + splits) (Note [finishing a split reduction]), rounded to
+// T; stored as S (a wider type: the same value, Note [the conv bias's gradient in float32] in
+// kernels/cuda/batchnorm_backward.cu).
+template <typename T, typename S = T>
+__global__ void channel_sum_finish(const double* partial, S* out, ChannelSplit g) {
   double sums[1];
   const int64_t c = finish_channel<1>(partial, g, sums);
-  if (c < g.c && threadIdx.x % 32 == 0) out[c] = static_cast<T>(sums[0]);
+  if (c < g.c && threadIdx.x % 32 == 0) out[c] = static_cast<S>(static_cast<T>(sums[0]));
 }
 
 inline dim3 split_grid(const ChannelSplit& g) {

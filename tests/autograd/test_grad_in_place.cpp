@@ -4,6 +4,7 @@
 // in every case the add covered: a parameter used twice, two backwards into one zeroing, a tensor
 // hook that replaces the gradient, a gradient set by hand after the zeroing.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -375,4 +376,73 @@ TEST_CASE("batch norm's gamma and beta gradients are written into a zeroed FlatB
       CHECK(gamma.grad().same(fb.views()[0]));
     }
   }
+}
+
+TEST_CASE("an autocast conv bias's gradient is written by batch norm into its zeroed float32 .grad", "[autograd][grad_in_place][bf16]") {
+  // Under autocast the float32 bias reaches batch_norm_bias (and the join) as its bfloat16 copy;
+  // its gradient, each sum rounded to bfloat16, is written into the lent float32 .grad (Note
+  // [the conv bias's gradient in float32] in kernels/cuda/batchnorm_backward.cu): the bits the
+  // conversion's cast wrote before.
+  for (Device d : test::test_devices()) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      for (bool join : {false, true}) {
+        INFO(d.str() << (fmt == MemoryFormat::ChannelsLast ? " channels-last" : "") << (join ? " joined" : ""));
+        Generator gen(29);
+        const Tensor z = uniform({4, 3, 5, 5}, -1.0, 1.0, kFloat32, kCPU, &gen).to(kBFloat16).contiguous(fmt).to(d);
+        const Tensor res = uniform({4, 3, 5, 5}, -1.0, 1.0, kFloat32, kCPU, &gen).to(kBFloat16).contiguous(fmt).to(d);
+        const Tensor rm = zeros({3}, kFloat32, d), rv = ones({3}, kFloat32, d);
+        const auto loss = [&](const Tensor& bias) {
+          AutocastGuard autocast(kBFloat16);
+          const Tensor y = join ? batch_norm_add_relu(z, res, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, bias)
+                                : batch_norm_bias(z, bias, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, true);
+          const Tensor yf = to(y, kFloat32);
+          return sum(mul(yf, yf));
+        };
+        const auto bias_leaf = [&] {
+          Generator g(31);
+          Tensor t = uniform({3}, -0.5, 0.5, kFloat32, kCPU, &g).to(d);
+          t.set_requires_grad();
+          return t;
+        };
+        const Tensor ref = bias_leaf();
+        loss(ref).backward();
+        const Tensor bias = bias_leaf();
+        parallel::FlatBuffer fb({bias});
+        const std::shared_ptr<bool> lent = zero_and_watch(fb, bias, 0);
+        loss(bias).backward();
+        CHECK(*lent);
+        REQUIRE(bias.grad().dtype() == kFloat32);
+        CHECK(bias.grad().same(fb.views()[0]));
+        CHECK(values(bias.grad()) == values(ref.grad()));
+        // The values are bfloat16's: the float32 .grad holds the rounded sums.
+        CHECK(values(bias.grad().to(kBFloat16)) == values(bias.grad()));
+        for (const double v : values(bias.grad())) CHECK(v != 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_backward writes dbias into the tensor given, or names it", "[kernels][grad_in_place]") {
+  const Tensor x = uniform({4, 3, 2, 2}, -1.0, 1.0), dy = uniform({4, 3, 2, 2}, -1.0, 1.0);
+  const Tensor mean = zeros({3}), invstd = ones({3}), bias = uniform({3}, -0.5, 0.5);
+  const Tensor into = zeros({3});
+  const auto d = kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), bias, true, Tensor(), Tensor(),
+                                              false, Tensor(), into);
+  CHECK(d.dbias.same(into));
+  const auto ref = kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), bias, true);
+  CHECK(values(into) == values(ref.dbias));
+  std::string msg = test::error_message<DTypeError>([&] {
+    kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), bias, true, Tensor(), Tensor(), false,
+                                 Tensor(), zeros({3}, kFloat64));
+  });
+  CHECK(test::contains(msg, "dbias_into"));
+  msg = test::error_message<ShapeError>([&] {
+    kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), bias, true, Tensor(), Tensor(), false,
+                                 Tensor(), zeros({4}));
+  });
+  CHECK(test::contains(msg, shape_str({4})));
+  test::error_message<ValueError>([&] {
+    kernels::batch_norm_backward(dy, x, Tensor(), mean, invstd, Tensor(), bias, false, Tensor(), Tensor(), false,
+                                 Tensor(), zeros({3}));
+  });
 }
