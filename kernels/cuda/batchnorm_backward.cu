@@ -184,7 +184,7 @@ struct BnReluGradApply {
 // Note [the conv bias's gradient in float32]: under autocast a convolution's float32 bias reaches
 // the batch norm as its bfloat16 copy, so its gradient was a bfloat16 [C] that the conversion's
 // backward then cast into the float32 .grad: a kernel of ~1.2 us on the main stream after every
-// such batch norm's backward (20 in ResNet-18's step, ~1.7 us each with the gap). When the
+// such batch norm's backward (17 in ResNet-18's step, ~1.7 us each with the gap). When the
 // autograd function is lent that .grad (weight_grad_destination, through the conversion), the
 // finish kernel of the dx pass's sums writes it: each sum rounded to bfloat16 as before, stored
 // as float32 -- the bits the cast wrote.
