@@ -65,9 +65,10 @@ BatchNormResult batch_norm_train(const Tensor& x, const Tensor& gamma, const Ten
   check_in_place(op, running_var, "running_var");
   if (num_batches_tracked.defined()) {
     check_same_device(op, {&x, &num_batches_tracked});
-    TANDEM_CHECK(num_batches_tracked.dtype() == kInt64 && num_batches_tracked.numel() == 1, DType, op,
-                 ": num_batches_tracked must be one int64, got ", dtype_name(num_batches_tracked.dtype()), " ",
-                 shape_str(num_batches_tracked.shape()));
+    TANDEM_CHECK(num_batches_tracked.dtype() == kInt64, DType, op, ": num_batches_tracked is ",
+                 dtype_name(num_batches_tracked.dtype()), ", expected int64");
+    TANDEM_CHECK(num_batches_tracked.numel() == 1, Shape, op, ": num_batches_tracked is ",
+                 shape_str(num_batches_tracked.shape()), ", expected one element");
     check_in_place(op, num_batches_tracked, "num_batches_tracked");
   }
   const int64_t c = x.size(1);

@@ -203,8 +203,8 @@ __device__ __forceinline__ void for_rows_last(const ChannelSplit& g, int64_t c0,
 #pragma unroll
       for (int u = 0; u < U; ++u) add((row + u * step) * g.c + c0, v[u]);
     }
-    if (row < r1) {  // fewer than U rows left: loaded together, added in order
-      Loaded v[U - 1];
+    if (row < r1) {  // fewer than U rows left (never with U = 1): loaded together, added in order
+      Loaded v[U > 1 ? U - 1 : 1];
 #pragma unroll
       for (int u = 0; u < U - 1; ++u) {
         if (row + u * step < r1) v[u] = load((row + u * step) * g.c + c0);
