@@ -83,6 +83,8 @@ template <typename T, typename P>
 __global__ void bn_stats_finish(const T* x, const T* bias, const double* partial, const P* gamma, const P* beta,
                                 P* running_mean, P* running_var, double momentum, double eps,
                                 P* save_mean, P* save_invstd, P* coef, int64_t* count, ChannelSplit g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   if (count != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *count += 1;
   // The channel's other inputs first, in flight with the partials (finish_channel).
   const int64_t c = finish_channel_index();
@@ -228,12 +230,11 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& bias, 
       }, gpu::cptr<T>(x));
       TANDEM_CUDA_CHECK_LAUNCH();
     }
-    gpu::bn_stats_finish<T, P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<T>(x), b, gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta),
-        gpu::ptr<P>(running_mean), gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean),
-        gpu::ptr<P>(save_invstd), gpu::ptr<P>(coef),
-        num_batches_tracked.defined() ? gpu::ptr<int64_t>(num_batches_tracked) : nullptr, g);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::launch_after_previous(
+        gpu::bn_stats_finish<T, P>, gpu::finish_grid(g), gpu::kBlock, stream, gpu::cptr<T>(x), b,
+        gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(beta), gpu::ptr<P>(running_mean),
+        gpu::ptr<P>(running_var), momentum, eps, gpu::ptr<P>(save_mean), gpu::ptr<P>(save_invstd),
+        gpu::ptr<P>(coef), num_batches_tracked.defined() ? gpu::ptr<int64_t>(num_batches_tracked) : nullptr, g);
     gpu::bn_apply<T, P>(x, bias, coef, y, relu, stream, residual);
   });
 }

@@ -129,6 +129,8 @@ __global__ void bn_grad_partials(const T* dy, const T* x, const T* bias, const P
 template <typename P>
 __global__ void bn_grad_finish(const double* partial, const P* gamma, const P* save_mean,
                                const P* save_invstd, P* dgamma, P* dbeta, P* coef, ChannelSplit g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   // The channel's other inputs first, in flight with the partials (finish_channel).
   const int64_t c = finish_channel_index();
   const bool writes = c < g.c && threadIdx.x % 32 == 0;
@@ -270,10 +272,10 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
       }, grad, gpu::cptr<T>(x), mask);
       TANDEM_CUDA_CHECK_LAUNCH();
     }
-    gpu::bn_grad_finish<P><<<gpu::finish_grid(g), gpu::kBlock, 0, stream>>>(
-        gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
-        gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta), gpu::ptr<P>(coef), g);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::launch_after_previous(gpu::bn_grad_finish<P>, gpu::finish_grid(g), gpu::kBlock, stream,
+                               gpu::cptr<double>(partial), gpu::cptr<P>(gamma), gpu::cptr<P>(save_mean),
+                               gpu::cptr<P>(save_invstd), gpu::ptr<P>(dgamma), gpu::ptr<P>(dbeta),
+                               gpu::ptr<P>(coef), g);
     gpu::bn_grad_apply<T, P>(x, bias, coef, grad, mask, dx, dbias, stream);
   });
 }

@@ -55,8 +55,7 @@ void channel_sum_any(const Tensor& x, T* out, cudaStream_t stream) {
     }, cptr<T>(x));
     TANDEM_CUDA_CHECK_LAUNCH();
   }
-  channel_sum_finish<T><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), out, g);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  launch_after_previous(channel_sum_finish<T, T>, finish_grid(g), kBlock, stream, cptr<double>(partial), out, g);
 }
 
 // Note [a per-channel map that sums its output]: channel_map_sum_any writes out = f(coef, in...)
@@ -127,6 +126,8 @@ __global__ void __launch_bounds__(kSplitBlock, 2)
     channel_map_sum_last_kernel(F f, T* out, double* partial, ChannelSplit g, bool aligned, const In*... in) {
   static_assert((std::is_same_v<In, T> && ...), "the inputs have the output's type");
   constexpr int N = static_cast<int>(sizeof...(In));
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   const int64_t c0 = last_first_channel(g), s = blockIdx.y;
   using S = thread_sum_t<T>;  // SumLast<T>'s (Note [a thread's sums in float])
   S sums[VEC][1] = {};
@@ -165,8 +166,8 @@ void channel_map_sum_any(const Tensor& like, const F& f, T* out, S* sum, cudaStr
     partial = empty({g.c * g.splits}, kFloat64, like.device());
     const bool aligned = channel_vec<T>(last ? g.c : g.hw, static_cast<const T*>(out), in...) == vec.value;
     if (last) {
-      channel_map_sum_last_kernel<vec.value><<<split_grid_last(g), kSplitBlock, 0, stream>>>(
-          f, out, ptr<double>(partial), g, aligned, in...);
+      launch_after_previous(channel_map_sum_last_kernel<vec.value, F, T, In...>, split_grid_last(g), kSplitBlock,
+                            stream, f, out, ptr<double>(partial), g, aligned, in...);
     } else {
       channel_map_sum_kernel<vec.value><<<split_grid(g), kSplitBlock, 0, stream>>>(
           f, out, ptr<double>(partial), g, aligned, in...);
@@ -178,8 +179,7 @@ void channel_map_sum_any(const Tensor& like, const F& f, T* out, S* sum, cudaStr
     with_channel_vec<T>(channel_split_of(like).hw, run, static_cast<const T*>(out));
   }
   TANDEM_CUDA_CHECK_LAUNCH();
-  channel_sum_finish<T, S><<<finish_grid(g), kBlock, 0, stream>>>(cptr<double>(partial), sum, g);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  launch_after_previous(channel_sum_finish<T, S>, finish_grid(g), kBlock, stream, cptr<double>(partial), sum, g);
 }
 
 }  // namespace tandem::gpu

@@ -198,6 +198,8 @@ __device__ __forceinline__ int64_t finish_channel(const double* partial, const C
 // kernels/cuda/batchnorm_backward.cu).
 template <typename T, typename S = T>
 __global__ void channel_sum_finish(const double* partial, S* out, ChannelSplit g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   double sums[1];
   const int64_t c = finish_channel<1>(partial, g, sums);
   if (c < g.c && threadIdx.x % 32 == 0) out[c] = static_cast<S>(static_cast<T>(sums[0]));

@@ -251,6 +251,8 @@ __device__ __forceinline__ void store_partials_last(const S (&sums)[VEC][M], con
 // Launch with split_grid_last(g) and kSplitBlock threads, g = channel_split_last(rows, C, VEC).
 template <int VEC, int M, typename Acc>
 __global__ void __launch_bounds__(kSplitBlock, 2) channel_partials_last(ChannelSplit g, Acc acc, double* partial) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   const int64_t c0 = last_first_channel(g), s = blockIdx.y;
   typename Acc::sum_type sums[VEC][M] = {};
   if (c0 < g.c) {
@@ -296,7 +298,8 @@ ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& pa
   with_last_vec<T>(like.numel(), c, [&](auto vec) {
     g = channel_split_last(rows, c, vec.value);
     partial = empty({g.c * g.splits * M}, kFloat64, like.device());
-    channel_partials_last<vec.value, M><<<split_grid_last(g), kSplitBlock, 0, stream>>>(g, acc, ptr<double>(partial));
+    launch_after_previous(channel_partials_last<vec.value, M, Acc>, split_grid_last(g), kSplitBlock, stream, g, acc,
+                          ptr<double>(partial));
   }, p...);
   TANDEM_CUDA_CHECK_LAUNCH();
   return g;
@@ -311,6 +314,8 @@ ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& pa
 // loads in flight, not one; the last fewer than four together too).
 template <int VEC, typename Index, typename F, typename Out, typename... In>
 __global__ void channel_map_last_kernel(Index vecs, Index channel_vecs, F f, Out* out, const In*... in) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch]
+  let_next_grid_launch();
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   Index v = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
   using Coef = decltype(f.coef_of(int64_t{0}));
@@ -381,11 +386,11 @@ void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t str
     };
     if (n <= static_cast<int64_t>(INT32_MAX)) {
       constexpr auto kernel = channel_map_last_kernel<V, uint32_t, F, T, In...>;
-      kernel<<<grid_of(resident_blocks<kernel>()), kBlock, 0, stream>>>(static_cast<uint32_t>(vecs),
-                                                                        static_cast<uint32_t>(c / V), f, out, in...);
+      launch_after_previous(kernel, grid_of(resident_blocks<kernel>()), kBlock, stream, static_cast<uint32_t>(vecs),
+                            static_cast<uint32_t>(c / V), f, out, in...);
     } else {
       constexpr auto kernel = channel_map_last_kernel<V, int64_t, F, T, In...>;
-      kernel<<<grid_of(resident_blocks<kernel>()), kBlock, 0, stream>>>(vecs, c / V, f, out, in...);
+      launch_after_previous(kernel, grid_of(resident_blocks<kernel>()), kBlock, stream, vecs, c / V, f, out, in...);
     }
     TANDEM_CUDA_CHECK_LAUNCH();
   }, static_cast<const T*>(out), in...);

@@ -12,7 +12,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -191,6 +193,61 @@ int64_t resident_blocks() {
     return std::max(n, 1);
   }();
   return per_sm * (one_wave_blocks() / 8);
+}
+
+// Note [programmatic dependent launch]: between two kernels of one stream the GPU drains the
+// first grid, then takes the second's launch, then fills the multiprocessors with its blocks:
+// ~0.4 us of idle between nodes of a replayed graph, and the ramp of the second grid, paid at
+// every boundary of batch norm's chain of small passes (statistics -> finish -> apply; gradient
+// sums -> finish -> dx pass -> bias sums' finish: five boundaries a layer, 17 layers, forward
+// and backward, in ResNet-18's step). Since sm_90 a kernel may be launched "after the previous
+// one programmatically" (launch_after_previous): its grid launches as soon as every block of
+// the kernel before it has signalled let_next_grid_launch() (or exited), and each of its threads
+// calls wait_for_previous_grid() before it touches memory -- that returns once the grid before
+// has completed and its writes are visible, and so everything before that grid too. The launch
+// and the ramp then overlap the previous grid's tail; what the kernels compute, and the order in
+// which they read and write, do not change. So the kernels launched this way wait first thing,
+// before any load (a read of what an earlier kernel wrote, or a write of what it still reads,
+// would race), and signal at their start: the next grid's blocks take a multiprocessor only as
+// this grid's blocks leave it. A kernel launched the usual way after one of them still waits for
+// its whole completion; both instructions do nothing for a kernel launched the usual way. In a
+// captured graph the launch becomes a programmatic edge between the two kernel nodes.
+// TANDEM_PDL=0 launches them the usual way (for measuring).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
+inline bool programmatic_launch_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), allowed to launch while the kernel before it in
+// the stream finishes (Note [programmatic dependent launch]): for kernels that call
+// wait_for_previous_grid() before their first load or store.
+template <typename... Params, typename... Args>
+void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic_launch_on() ? 1 : 0;
+  TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...));
 }
 
 // An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on): a
