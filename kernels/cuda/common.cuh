@@ -212,7 +212,13 @@ int64_t resident_blocks() {
 // this grid's blocks leave it. A kernel launched the usual way after one of them still waits for
 // its whole completion; both instructions do nothing for a kernel launched the usual way. In a
 // captured graph the launch becomes a programmatic edge between the two kernel nodes.
-// TANDEM_PDL=0 launches them the usual way (for measuring).
+// Launched this way: batch norm's reductions, finishing kernels and channels-last maps (and the
+// per-channel sums with them), the elementwise maps over contiguous tensors, and the kernels of
+// LeNet's step -- the direct and row-window convolutions and the direct weight gradients, the
+// activation + pooling passes, the linear passes, the cross-entropy's and the accuracy count's,
+// the rows' gather and add, SGD's update. A kernel after one of cuDNN's or cuBLAS's, which never
+// signal, launches when that one completes, as before. TANDEM_PDL=0 launches them the usual way
+// (for measuring).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -232,15 +238,16 @@ inline bool programmatic_launch_on() {
   return on;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), allowed to launch while the kernel before it in
-// the stream finishes (Note [programmatic dependent launch]): for kernels that call
+// kernel<<<grid, block, shared, stream>>>(args...), allowed to launch while the kernel before it
+// in the stream finishes (Note [programmatic dependent launch]): for kernels that call
 // wait_for_previous_grid() before their first load or store.
 template <typename... Params, typename... Args>
-void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+void launch_after_previous_shared(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                                  cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -248,6 +255,11 @@ void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cud
   config.attrs = attribute;
   config.numAttrs = programmatic_launch_on() ? 1 : 0;
   TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...));
+}
+// The same without dynamic shared memory.
+template <typename... Params, typename... Args>
+void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  launch_after_previous_shared(kernel, grid, block, size_t{0}, stream, std::forward<Args>(args)...);
 }
 
 // An asynchronous copy of one element from global to shared memory (cp.async, sm_80 on): a

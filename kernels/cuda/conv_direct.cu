@@ -198,6 +198,8 @@ template <typename T, int R, int S>
 __global__ void __launch_bounds__(kMaxConvThreads)
     direct_conv_kernel(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ bias,
                        T* __restrict__ out, DirectShape g, ConvLayout l) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   T* tile = reinterpret_cast<T*>(direct_smem);
   T* filt = tile + g.tile;                   // [C][R][S][kKTile]
@@ -306,6 +308,8 @@ template <typename T>
 __global__ void __launch_bounds__(kMaxWgradThreads)
     direct_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ partial, DirectShape g,
                         WgradLayout l) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   extern __shared__ __align__(16) unsigned char direct_smem[];
   T* const smem = reinterpret_cast<T*>(direct_smem);
   const int j = blockIdx.x;
@@ -384,6 +388,8 @@ __global__ void __launch_bounds__(kMaxWgradThreads)
 template <typename T>
 __global__ void direct_wgrad_finish(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int k,
                                     int slots, int taps, int chunks) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (i >= k * slots) return;  // a whole warp leaves together
@@ -406,11 +412,11 @@ void launch_conv(const T* in, const T* w, const T* bias, T* out, const DirectSha
   const int threads = l.item_threads * l.splits;
   const size_t shared = static_cast<size_t>(l.shared_elems) * sizeof(T);
   if (g.r == 5 && g.s == 5) {
-    direct_conv_kernel<T, 5, 5><<<grid, threads, shared, stream>>>(in, w, bias, out, g, l);
+    launch_after_previous_shared(direct_conv_kernel<T, 5, 5>, grid, threads, shared, stream, in, w, bias, out, g, l);
   } else if (g.r == 3 && g.s == 3) {
-    direct_conv_kernel<T, 3, 3><<<grid, threads, shared, stream>>>(in, w, bias, out, g, l);
+    launch_after_previous_shared(direct_conv_kernel<T, 3, 3>, grid, threads, shared, stream, in, w, bias, out, g, l);
   } else {
-    direct_conv_kernel<T, 0, 0><<<grid, threads, shared, stream>>>(in, w, bias, out, g, l);
+    launch_after_previous_shared(direct_conv_kernel<T, 0, 0>, grid, threads, shared, stream, in, w, bias, out, g, l);
   }
   TANDEM_CUDA_CHECK_LAUNCH();
 }
@@ -466,13 +472,13 @@ void direct_conv_backward_weight(const Tensor& x, const Tensor& dy, const Conv2d
     Tensor partial = empty({int64_t{l.chunks} * g.k * l.slots}, dw.dtype(), dw.device());
     const dim3 grid(static_cast<unsigned>(l.chunks), static_cast<unsigned>(k_groups(g.k)));
     const int threads = static_cast<int>(ceil_div(int64_t{l.slots} * l.lanes, 32) * 32);
-    direct_wgrad_kernel<T><<<grid, threads, static_cast<size_t>(l.shared_elems) * sizeof(T), stream>>>(
-        cptr<T>(x), cptr<T>(dy), ptr<T>(partial), g, l);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    launch_after_previous_shared(direct_wgrad_kernel<T>, grid, threads,
+                                 static_cast<size_t>(l.shared_elems) * sizeof(T), stream, cptr<T>(x), cptr<T>(dy),
+                                 ptr<T>(partial), g, l);
     constexpr int kFinishWarps = 8;
-    direct_wgrad_finish<T><<<static_cast<unsigned>(ceil_div(int64_t{g.k} * l.slots, kFinishWarps)),
-                             kFinishWarps * 32, 0, stream>>>(
-        cptr<T>(partial), ptr<T>(dw), with_bias ? ptr<T>(db) : nullptr, g.k, l.slots, taps, l.chunks);
+    launch_after_previous(direct_wgrad_finish<T>, static_cast<unsigned>(ceil_div(int64_t{g.k} * l.slots, kFinishWarps)),
+                          kFinishWarps * 32, stream, cptr<T>(partial), ptr<T>(dw), with_bias ? ptr<T>(db) : nullptr,
+                          g.k, l.slots, taps, l.chunks);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }

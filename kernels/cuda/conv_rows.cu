@@ -137,6 +137,8 @@ template <typename T, int S, int QC, int OT>
 __global__ void __launch_bounds__(kMaxRowThreads)
     row_conv_kernel(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ bias,
                     T* __restrict__ out, RowShape g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   constexpr int kSums = QC * OT;
   extern __shared__ __align__(16) unsigned char row_smem[];
   T* tile = reinterpret_cast<T*>(row_smem);
@@ -291,9 +293,9 @@ RowLaunch row_launch(int64_t n, int64_t ci, int64_t hi, int64_t wi, int64_t co, 
 template <typename T, int S, int QC>
 void launch_rows_qc(const RowLaunch& l, const T* in, const T* w, const T* bias, T* out, cudaStream_t stream) {
   if (l.ot == 4) {
-    row_conv_kernel<T, S, QC, 4><<<l.grid, l.block, l.shared, stream>>>(in, w, bias, out, l.g);
+    launch_after_previous_shared(row_conv_kernel<T, S, QC, 4>, l.grid, l.block, l.shared, stream, in, w, bias, out, l.g);
   } else {
-    row_conv_kernel<T, S, QC, 2><<<l.grid, l.block, l.shared, stream>>>(in, w, bias, out, l.g);
+    launch_after_previous_shared(row_conv_kernel<T, S, QC, 2>, l.grid, l.block, l.shared, stream, in, w, bias, out, l.g);
   }
 }
 

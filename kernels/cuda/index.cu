@@ -22,6 +22,8 @@ namespace {
 template <typename T>
 __global__ void index_select_kernel(const T* x, const int64_t* index, T* out, int64_t total,
                                     int64_t d, int64_t rows) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const int64_t m = i / d, j = i - m * d;
@@ -65,6 +67,8 @@ __device__ __forceinline__ void atomic_add(BFloat16* p, BFloat16 v) {
 template <typename T>
 __global__ void index_add_kernel(const T* src, const int64_t* index, T* out, int64_t total,
                                  int64_t d, int64_t rows) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
     const int64_t m = i / d, j = i - m * d;
@@ -87,9 +91,9 @@ void CudaBackend::index_select(const Tensor& x, const Tensor& index, const Tenso
   DeviceGuard guard(x.device());
   dispatch_all(x.dtype(), "index_select", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::index_select_kernel<T><<<gpu::grid_for(total), gpu::kBlock, 0,
-                                  current_cuda_stream(x.device())>>>(
-        gpu::cptr<T>(x), gpu::cptr<int64_t>(index), gpu::ptr<T>(out), total, d, rows);
+    gpu::launch_after_previous(gpu::index_select_kernel<T>, gpu::grid_for(total), gpu::kBlock,
+                               current_cuda_stream(x.device()), gpu::cptr<T>(x), gpu::cptr<int64_t>(index),
+                               gpu::ptr<T>(out), total, d, rows);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -104,9 +108,9 @@ void CudaBackend::index_add(const Tensor& src, const Tensor& index, const Tensor
   DeviceGuard guard(out.device());
   dispatch_all(out.dtype(), "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::index_add_kernel<T><<<gpu::grid_for(total), gpu::kBlock, 0,
-                               current_cuda_stream(out.device())>>>(
-        gpu::cptr<T>(src), gpu::cptr<int64_t>(index), gpu::ptr<T>(out), total, d, rows);
+    gpu::launch_after_previous(gpu::index_add_kernel<T>, gpu::grid_for(total), gpu::kBlock,
+                               current_cuda_stream(out.device()), gpu::cptr<T>(src), gpu::cptr<int64_t>(index),
+                               gpu::ptr<T>(out), total, d, rows);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -123,6 +123,8 @@ __device__ void tile_slot(int i, int& r, int& t) {
 // shared memory; rows are padded to 16 bytes so the sums read 16-byte words.
 template <typename T, Activation A, Pass P, int Tile>
 __global__ void __launch_bounds__(kThreads) linear_pass_kernel(const LinearArgs<T> p) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   constexpr int kOutputs = Tile * Tile;
   constexpr int kSlices = kThreads / kOutputs;
   constexpr int kSliceLen = kStep / kSlices;
@@ -217,9 +219,9 @@ int pass_tile(int64_t cols, int64_t rows) {
 template <typename T, Activation A>
 void launch_split(const LinearArgs<T>& a, dim3 grid, int tile, cudaStream_t stream) {
   if (tile == 8) {
-    linear_pass_kernel<T, A, Pass::WeightGrad, 8><<<grid, kThreads, 0, stream>>>(a);
+    launch_after_previous(linear_pass_kernel<T, A, Pass::WeightGrad, 8>, grid, kThreads, stream, a);
   } else {
-    linear_pass_kernel<T, A, Pass::WeightGrad, 4><<<grid, kThreads, 0, stream>>>(a);
+    launch_after_previous(linear_pass_kernel<T, A, Pass::WeightGrad, 4>, grid, kThreads, stream, a);
   }
 }
 
@@ -230,7 +232,7 @@ void launch_pass(const LinearArgs<T>& a, int64_t cols, int64_t rows, int64_t til
   const int tile = pass_tile<P>(tile_cols, rows);
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, tile)), static_cast<unsigned>(ceil_div(rows, tile)));
   if (P != Pass::WeightGrad || tile == 16) {
-    linear_pass_kernel<T, A, P, 16><<<grid, kThreads, 0, stream>>>(a);
+    launch_after_previous(linear_pass_kernel<T, A, P, 16>, grid, kThreads, stream, a);
   } else if constexpr (P == Pass::WeightGrad) {
     launch_split<T, A>(a, grid, tile, stream);
   }

@@ -21,6 +21,8 @@ struct alignas(sizeof(T) * VEC) Vec {
 
 template <int VEC, typename F, typename Out, typename... In>
 __global__ void map_contiguous(int64_t n, F f, Out* out, const In*... in) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nvec = n / VEC;
@@ -82,7 +84,8 @@ void map_elements(const char* op, const F& f, const Tensor& out, TensorArg<In>..
   Out* o = ptr<Out>(out);
   constexpr int VEC = vec_width<Out, In...>();
   if (layout.contiguous() && vec_aligned<Out, VEC>(o) && (vec_aligned<In, VEC>(in.raw_data()) && ...)) {
-    map_contiguous<VEC><<<grid_for(ceil_div(n, VEC)), kBlock, 0, stream>>>(n, f, o, cptr<In>(in)...);
+    launch_after_previous(map_contiguous<VEC, F, Out, In...>, grid_for(ceil_div(n, VEC)), kBlock, stream, n, f, o,
+                          cptr<In>(in)...);
     TANDEM_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -28,6 +28,8 @@ struct SgdConsts {
 template <typename T>
 __global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdConsts<T> k,
                            const double* lr_mem) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   if (lr_mem != nullptr) k.lr = static_cast<T>(*lr_mem);  // round to nearest, as on the host
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
@@ -116,9 +118,10 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
                               static_cast<T>(p.momentum), static_cast<T>(1.0 - p.dampening),
                               p.weight_decay != 0.0,      use_momentum,
                               p.first_step,               p.nesterov};
-    gpu::sgd_kernel<T><<<gpu::grid_for(n), gpu::kBlock, 0, current_cuda_stream(param.device())>>>(
-        gpu::ptr<T>(param), gpu::cptr<T>(grad), use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr,
-        n, k, p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
+    gpu::launch_after_previous(gpu::sgd_kernel<T>, gpu::grid_for(n), gpu::kBlock, current_cuda_stream(param.device()),
+                               gpu::ptr<T>(param), gpu::cptr<T>(grad),
+                               use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr, n, k,
+                               p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -139,6 +139,8 @@ struct WindowActivation {
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_forward_kernel(const T* __restrict__ z, const T* __restrict__ bias,
                                                T* __restrict__ y, TileGeom g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   // 32-bit indices (the dispatcher keeps z below 2^31 elements): 64-bit division is several
   // times slower, and these kernels are mostly index arithmetic.
   const unsigned total = g.planes * g.p * g.q;
@@ -177,6 +179,8 @@ __global__ void activation_pool_forward_kernel(const T* __restrict__ z, const T*
 template <typename T, Activation A, PoolMode M>
 __global__ void activation_pool_backward_kernel(const T* __restrict__ dy, const T* __restrict__ z,
                                                 const T* __restrict__ bias, T* __restrict__ dz, TileGeom g) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const unsigned windows = g.planes * g.p * g.q;
   const T inv_area = T(1) / static_cast<T>(g.kh * g.kw);
   for (unsigned o = blockIdx.x * blockDim.x + threadIdx.x; o < windows; o += gridDim.x * blockDim.x) {
@@ -260,11 +264,11 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, c
         cudaStream_t stream = current_cuda_stream(z.device());
         const T* b = bias.defined() ? cptr<T>(bias) : nullptr;
         if constexpr (Backward) {
-          activation_pool_backward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
-              cptr<T>(dy), cptr<T>(z), b, ptr<T>(out), g);
+          launch_after_previous(activation_pool_backward_kernel<T, A, M>, grid, kBlock, stream, cptr<T>(dy),
+                                cptr<T>(z), b, ptr<T>(out), g);
         } else {
-          activation_pool_forward_kernel<T, A, M><<<grid, kBlock, 0, stream>>>(
-              cptr<T>(z), b, ptr<T>(out), g);
+          launch_after_previous(activation_pool_forward_kernel<T, A, M>, grid, kBlock, stream, cptr<T>(z), b,
+                                ptr<T>(out), g);
         }
         TANDEM_CUDA_CHECK_LAUNCH();
       });

@@ -23,6 +23,8 @@ constexpr int kMeanThreads = 1024;
 template <typename T>
 __global__ void log_softmax_kernel(const T* x, T* y, int64_t cols, const int64_t* target,
                                    T* row_lp) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
@@ -45,6 +47,8 @@ __global__ void log_softmax_kernel(const T* x, T* y, int64_t cols, const int64_t
 // loss[0] = -mean(row_lp[0..n)), summed in double by one block.
 template <typename T>
 __global__ void mean_loss_kernel(const T* row_lp, int64_t n, T* loss) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += row_lp[i];
   s = block_reduce(s, SumOp{}, 0.0);
@@ -67,6 +71,8 @@ __global__ void log_softmax_backward_kernel(const T* dy, const T* y, T* dx, int6
 template <typename T>
 __global__ void cross_entropy_backward_kernel(const T* lp, const int64_t* target, const T* dloss,
                                               T* dx, int64_t rows, int64_t cols) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const T scale = static_cast<T>(static_cast<double>(dloss[0]) / static_cast<double>(rows));
   const int64_t total = rows * cols;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -84,6 +90,8 @@ __global__ void cross_entropy_backward_kernel(const T* lp, const int64_t* target
 template <typename T>
 __global__ void count_correct_kernel(const T* x, const int64_t* target, int64_t rows,
                                      int64_t cols, unsigned long long* correct) {
+  wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
+  let_next_grid_launch();
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   const ArgMax<T> identity{lowest_value<T>(), INT64_MAX};
@@ -138,14 +146,13 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
     using T = typename decltype(tag)::type;
     DataPtr row_lp = allocate(logits.device(), static_cast<size_t>(rows) * sizeof(T));  // [N]
     if (rows > 0) {
-      gpu::log_softmax_kernel<T><<<static_cast<unsigned>(rows), gpu::row_block_size(cols), 0,
-                                   stream>>>(gpu::cptr<T>(logits), gpu::ptr<T>(log_probs), cols,
-                                             gpu::cptr<int64_t>(target),
-                                             static_cast<T*>(row_lp.get()));
+      gpu::launch_after_previous(gpu::log_softmax_kernel<T>, static_cast<unsigned>(rows), gpu::row_block_size(cols),
+                                 stream, gpu::cptr<T>(logits), gpu::ptr<T>(log_probs), cols,
+                                 gpu::cptr<int64_t>(target), static_cast<T*>(row_lp.get()));
       TANDEM_CUDA_CHECK_LAUNCH();
     }
-    gpu::mean_loss_kernel<T><<<1, gpu::kMeanThreads, 0, stream>>>(
-        static_cast<const T*>(row_lp.get()), rows, gpu::ptr<T>(loss));
+    gpu::launch_after_previous(gpu::mean_loss_kernel<T>, 1, gpu::kMeanThreads, stream,
+                               static_cast<const T*>(row_lp.get()), rows, gpu::ptr<T>(loss));
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -157,10 +164,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& log_probs, const Tensor& 
   DeviceGuard guard(log_probs.device());
   dispatch_floating(log_probs.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gpu::cross_entropy_backward_kernel<T><<<gpu::grid_for(rows * cols), gpu::kBlock, 0,
-                                            current_cuda_stream(log_probs.device())>>>(
-        gpu::cptr<T>(log_probs), gpu::cptr<int64_t>(target), gpu::cptr<T>(dloss),
-        gpu::ptr<T>(dlogits), rows, cols);
+    gpu::launch_after_previous(gpu::cross_entropy_backward_kernel<T>, gpu::grid_for(rows * cols), gpu::kBlock,
+                               current_cuda_stream(log_probs.device()), gpu::cptr<T>(log_probs),
+                               gpu::cptr<int64_t>(target), gpu::cptr<T>(dloss), gpu::ptr<T>(dlogits), rows, cols);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -173,10 +179,10 @@ void CudaBackend::count_correct(const Tensor& logits, const Tensor& target, cons
   dispatch_floating(logits.dtype(), "count_correct", [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kRowsPerBlock = gpu::kBlock / 32;
-    gpu::count_correct_kernel<T><<<gpu::grid_for(rows, kRowsPerBlock), gpu::kBlock, 0,
-                                   current_cuda_stream(logits.device())>>>(
-        gpu::cptr<T>(logits), gpu::cptr<int64_t>(target), rows, cols,
-        reinterpret_cast<unsigned long long*>(gpu::ptr<int64_t>(correct)));
+    gpu::launch_after_previous(gpu::count_correct_kernel<T>, gpu::grid_for(rows, kRowsPerBlock), gpu::kBlock,
+                               current_cuda_stream(logits.device()), gpu::cptr<T>(logits),
+                               gpu::cptr<int64_t>(target), rows, cols,
+                               reinterpret_cast<unsigned long long*>(gpu::ptr<int64_t>(correct)));
     TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
