@@ -208,9 +208,10 @@ int64_t resident_blocks() {
 // and the ramp then overlap the previous grid's tail; what the kernels compute, and the order in
 // which they read and write, do not change. So the kernels launched this way wait first thing,
 // before any load (a read of what an earlier kernel wrote, or a write of what it still reads,
-// would race), and signal at their start: the next grid's blocks take a multiprocessor only as
-// this grid's blocks leave it. A kernel launched the usual way after one of them still waits for
-// its whole completion; both instructions do nothing for a kernel launched the usual way. In a
+// would race), and signal at their start: once all of this grid's blocks have started, the next
+// grid's blocks take what the multiprocessors have free and wait there, never holding back a
+// block of this grid. A kernel launched the usual way after one of them still waits for its
+// whole completion; both instructions do nothing for a kernel launched the usual way. In a
 // captured graph the launch becomes a programmatic edge between the two kernel nodes.
 // Launched this way: batch norm's reductions, finishing kernels and channels-last maps (and the
 // per-channel sums with them), the elementwise maps over contiguous tensors, and the kernels of
