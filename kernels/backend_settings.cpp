@@ -32,6 +32,10 @@ std::atomic<bool>& memset_kernels_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_MEMSET_KERNELS", true)};
   return flag;
 }
+std::atomic<bool>& programmatic_launch_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_PDL", true)};
+  return flag;
+}
 std::atomic<bool>& graph_flag() {
   static std::atomic<bool> flag{!env_flag("TANDEM_CUDNN_LEGACY", false)};
   return flag;
@@ -151,5 +155,7 @@ void set_cudnn_benchmark_in_graph(bool on) { benchmark_graph_flag() = on; }
 bool cudnn_benchmark_in_graph() { return benchmark_graph_flag(); }
 void set_cudnn_memsets_as_kernels(bool on) { memset_kernels_flag() = on; }
 bool cudnn_memsets_as_kernels() { return memset_kernels_flag(); }
+void set_programmatic_launch(bool on) { programmatic_launch_flag() = on; }
+bool programmatic_launch() { return programmatic_launch_flag(); }
 
 }  // namespace tandem

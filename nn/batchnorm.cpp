@@ -3,7 +3,6 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "kernels/backend.h"
-#include "kernels/ops.h"
 #include "nn/conv.h"
 
 namespace tandem::nn {

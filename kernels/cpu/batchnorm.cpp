@@ -235,12 +235,10 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Te
     // The input written out again, and the bias gradient with the convolution's own routine.
     batch_norm_backward(dy, bias.defined() ? add_conv_bias(x, bias) : x, Tensor(), gamma, save_mean,
                         save_invstd, relu_out, dx, dgamma, dbeta, Tensor(), masked_dy, Tensor());
-    if (dbias.defined() && dbias.dtype() != dx.dtype()) {  // float32 for a bfloat16 x: the rounded sums
-      Tensor db(dbias.shape(), dx.dtype(), dx.device());
+    if (dbias.defined()) {  // float32 for a bfloat16 x: the sums rounded to bfloat16, then stored
+      const Tensor db = dbias.dtype() == dx.dtype() ? dbias : Tensor(dbias.shape(), dx.dtype(), dx.device());
       conv2d_backward_bias(dx, db);
-      dbias.copy_(db);
-    } else if (dbias.defined()) {
-      conv2d_backward_bias(dx, dbias);
+      if (!db.same(dbias)) dbias.copy_(db);
     }
     return;
   }

@@ -301,7 +301,6 @@ ChannelSplit launch_partials_last(const Tensor& like, const Acc& acc, Tensor& pa
     launch_after_previous(channel_partials_last<vec.value, M, Acc>, split_grid_last(g), kSplitBlock, stream, g, acc,
                           ptr<double>(partial));
   }, p...);
-  TANDEM_CUDA_CHECK_LAUNCH();
   return g;
 }
 
@@ -392,7 +391,6 @@ void channel_map_last(const F& f, T* out, int64_t n, int64_t c, cudaStream_t str
       constexpr auto kernel = channel_map_last_kernel<V, int64_t, F, T, In...>;
       launch_after_previous(kernel, grid_of(resident_blocks<kernel>()), kBlock, stream, vecs, c / V, f, out, in...);
     }
-    TANDEM_CUDA_CHECK_LAUNCH();
   }, static_cast<const T*>(out), in...);
 }
 

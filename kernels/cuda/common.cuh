@@ -12,15 +12,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 
 namespace tandem::gpu {
 
@@ -218,8 +217,8 @@ int64_t resident_blocks() {
 // LeNet's step -- the direct and row-window convolutions and the direct weight gradients, the
 // activation + pooling passes, the linear passes, the cross-entropy's and the accuracy count's,
 // the rows' gather and add, SGD's update. A kernel after one of cuDNN's or cuBLAS's, which never
-// signal, launches when that one completes, as before. TANDEM_PDL=0 launches them the usual way
-// (for measuring).
+// signal, launches when that one completes, as before. set_programmatic_launch(false) (or
+// TANDEM_PDL=0) launches them the usual way.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -229,14 +228,6 @@ __device__ __forceinline__ void let_next_grid_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
-}
-
-inline bool programmatic_launch_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_PDL");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...), allowed to launch while the kernel before it
@@ -254,7 +245,7 @@ void launch_after_previous_shared(void (*kernel)(Params...), dim3 grid, dim3 blo
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = programmatic_launch_on() ? 1 : 0;
+  config.numAttrs = programmatic_launch() ? 1 : 0;  // kernels/backend.h
   TANDEM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(std::forward<Args>(args))...));
 }
 // The same without dynamic shared memory.

@@ -418,7 +418,6 @@ void launch_conv(const T* in, const T* w, const T* bias, T* out, const DirectSha
   } else {
     launch_after_previous_shared(direct_conv_kernel<T, 0, 0>, grid, threads, shared, stream, in, w, bias, out, g, l);
   }
-  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -479,7 +478,6 @@ void direct_conv_backward_weight(const Tensor& x, const Tensor& dy, const Conv2d
     launch_after_previous(direct_wgrad_finish<T>, static_cast<unsigned>(ceil_div(int64_t{g.k} * l.slots, kFinishWarps)),
                           kFinishWarps * 32, stream, cptr<T>(partial), ptr<T>(dw), with_bias ? ptr<T>(db) : nullptr,
                           g.k, l.slots, taps, l.chunks);
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -86,7 +86,6 @@ void map_elements(const char* op, const F& f, const Tensor& out, TensorArg<In>..
   if (layout.contiguous() && vec_aligned<Out, VEC>(o) && (vec_aligned<In, VEC>(in.raw_data()) && ...)) {
     launch_after_previous(map_contiguous<VEC, F, Out, In...>, grid_for(ceil_div(n, VEC)), kBlock, stream, n, f, o,
                           cptr<In>(in)...);
-    TANDEM_CUDA_CHECK_LAUNCH();
     return;
   }
   if (n <= static_cast<int64_t>(INT32_MAX)) {

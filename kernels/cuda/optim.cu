@@ -122,7 +122,6 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
                                gpu::ptr<T>(param), gpu::cptr<T>(grad),
                                use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr, n, k,
                                p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -270,7 +270,6 @@ bool launch_activation_pool(const char* op, const Tensor& dy, const Tensor& z, c
           launch_after_previous(activation_pool_forward_kernel<T, A, M>, grid, kBlock, stream, cptr<T>(z), b,
                                 ptr<T>(out), g);
         }
-        TANDEM_CUDA_CHECK_LAUNCH();
       });
     });
   });

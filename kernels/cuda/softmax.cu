@@ -149,11 +149,9 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
       gpu::launch_after_previous(gpu::log_softmax_kernel<T>, static_cast<unsigned>(rows), gpu::row_block_size(cols),
                                  stream, gpu::cptr<T>(logits), gpu::ptr<T>(log_probs), cols,
                                  gpu::cptr<int64_t>(target), static_cast<T*>(row_lp.get()));
-      TANDEM_CUDA_CHECK_LAUNCH();
     }
     gpu::launch_after_previous(gpu::mean_loss_kernel<T>, 1, gpu::kMeanThreads, stream,
                                static_cast<const T*>(row_lp.get()), rows, gpu::ptr<T>(loss));
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -167,7 +165,6 @@ void CudaBackend::cross_entropy_backward(const Tensor& log_probs, const Tensor& 
     gpu::launch_after_previous(gpu::cross_entropy_backward_kernel<T>, gpu::grid_for(rows * cols), gpu::kBlock,
                                current_cuda_stream(log_probs.device()), gpu::cptr<T>(log_probs),
                                gpu::cptr<int64_t>(target), gpu::cptr<T>(dloss), gpu::ptr<T>(dlogits), rows, cols);
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -183,7 +180,6 @@ void CudaBackend::count_correct(const Tensor& logits, const Tensor& target, cons
                                current_cuda_stream(logits.device()), gpu::cptr<T>(logits),
                                gpu::cptr<int64_t>(target), rows, cols,
                                reinterpret_cast<unsigned long long*>(gpu::ptr<int64_t>(correct)));
-    TANDEM_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -174,3 +174,26 @@ TEST_CASE("batch_norm_add_relu names a residual of the wrong shape, dtype or dev
   }
 #endif
 }
+
+// Note [programmatic dependent launch] in kernels/cuda/common.cuh: the kernels that may launch
+// before the one before them finishes wait for it before they touch memory, so a block's forward,
+// running statistics and every gradient are the same bits either way (on a GPU; on the CPU the
+// setting changes nothing).
+TEST_CASE("A Residual block gives the same bits with programmatic launches on and off", "[nn][cuda]") {
+  {
+    const test::SettingRestore restore(set_programmatic_launch, programmatic_launch);
+    set_programmatic_launch(false);
+    CHECK_FALSE(programmatic_launch());
+    set_programmatic_launch(true);
+    CHECK(programmatic_launch());
+  }
+  for (const Device d : test::test_devices()) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      INFO("on " << d.str() << (fmt == MemoryFormat::ChannelsLast ? " channels-last" : ""));
+      Generator gen(7);
+      check_fusion_changes_nothing(std::make_shared<nn::Residual>(3, 4, true, 2, gen),
+                                   uniform({4, 3, 8, 8}, -1.0, 1.0, kFloat32), d, set_programmatic_launch,
+                                   programmatic_launch, fmt);
+    }
+  }
+}
