@@ -94,8 +94,8 @@ AutocastWeightsGuard::~AutocastWeightsGuard() {
   t_autocast_weights = prev_;
 }
 
-AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights) {
-  if (weights) weights->refresh();
+AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights, bool refresh) {
+  if (weights && refresh) weights->refresh();
   return AutocastWeightsGuard(weights ? &*weights : nullptr);
 }
 

@@ -71,10 +71,14 @@ class AutocastGuard {
 //
 // The copy holds the parameters as they were at the last refresh(). Whoever installs it
 // refreshes it after every change of the parameters and before the forward that uses it (the
-// one-device step: first thing in the step, inside its CUDA graph), and does not refresh it
-// between a forward and that forward's backward (the backward reads the copy the forward saved,
-// as it would read a parameter changed in place). The guard is per thread: device workers
-// running a replica cast as before.
+// one-device step, unless its optimizer keeps the copy: first thing in the step, inside its
+// CUDA graph), and does not refresh it between a forward and that forward's backward (the
+// backward reads the copy the forward saved, as it would read a parameter changed in place).
+// An optimizer can keep the copy current instead: given copy() (Optimizer::set_weight_copy),
+// its update writes each new value cast into it (Note [the weight copy written by the update]
+// in nn/optim/optimizer.h), so after a step() the copy is what refresh() would make and the
+// caller may skip refresh() until the parameters change some other way (a checkpoint loaded).
+// The guard is per thread: device workers running a replica cast as before.
 class AutocastWeights {
  public:
   // params: float32 tensors back to back in one buffer, in order (contiguous_span defined);
@@ -87,6 +91,9 @@ class AutocastWeights {
   // The copy's slice for p (p itself one of the parameters), else an undefined tensor.
   Tensor lookup(const Tensor& p) const;
   DType dtype() const { return copy_.dtype(); }
+  // The whole copy: [total numel] of dtype(), element k the cast of element k of the
+  // parameters' buffer (what Optimizer::set_weight_copy takes).
+  const Tensor& copy() const { return copy_; }
 
  private:
   std::vector<Tensor> params_, views_;
@@ -105,9 +112,11 @@ class AutocastWeightsGuard {
   const AutocastWeights* prev_;
 };
 
-// What a step does before its forward: refreshes `weights` (when there is one) and installs it
-// for the returned guard's scope.
-[[nodiscard]] AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights);
+// What a step does before its forward: refreshes `weights` (when there is one and `refresh`;
+// false: the copy is known to be current, Note [the weight copy written by the update] in
+// nn/optim/optimizer.h) and installs it for the returned guard's scope.
+[[nodiscard]] AutocastWeightsGuard refresh_and_install(std::optional<AutocastWeights>& weights,
+                                                       bool refresh = true);
 
 // Under autocast, a float32 tensor cast to autocast_dtype() through the differentiable `to`
 // (Note [autocast]), or its slice of the installed AutocastWeights copy (Note [autocast weight

@@ -64,6 +64,12 @@ struct SgdParams {
   // Defined: float64 [] on the parameter's device, the learning rate the kernel reads instead
   // of `lr`. It is cast to the element type just as `lr` is, so the update is the same bits.
   Tensor lr_tensor;
+  // Defined: a tensor of the parameter's numel on its device, of a floating dtype other than
+  // the parameter's (bfloat16 for a float32 parameter), contiguous like the parameter or laid
+  // out as it; after the update each new parameter value is written there too, cast: the same
+  // bits as a cast of the updated parameter (Note [the weight copy written by the update] in
+  // nn/optim/optimizer.h).
+  Tensor copy_into;
 };
 
 struct AdamParams {
@@ -74,6 +80,8 @@ struct AdamParams {
   // {lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t), 1 - lr * weight_decay}; the kernel reads these
   // instead of deriving them from `lr` and `step` (then unused).
   Tensor consts;
+  // Defined: where the new parameter values are written too, cast (SgdParams::copy_into).
+  Tensor copy_into;
 };
 
 class Backend {
@@ -277,7 +285,8 @@ class Backend {
                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                    const Tensor& dbias, const Tensor& masked_dy, const Tensor& dy_part) = 0;
 
-  // In-place optimizer updates on contiguous tensors of one dtype.
+  // In-place optimizer updates on contiguous tensors of one dtype (and p.copy_into, when
+  // defined, of another).
   virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                         const SgdParams& p) = 0;
   virtual void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m,
@@ -316,6 +325,16 @@ class Backend {
 //   the stream finishes, and wait for it before they touch memory (Note [programmatic dependent
 //   launch] in kernels/cuda/common.cuh; sm_90 on): the same values, the launch and the ramp
 //   hidden (ResNet-18 on an H100: +1.7% images/s). Environment: TANDEM_PDL=0 turns it off.
+// cudnn_prepare_ahead (default true): inside a CUDA graph capture, a graph-API cuDNN call whose
+//   workspace fits the capturing stream's own gets that one, and the nodes that only prepare it
+//   (a counter's clearing, cuDNN's workspace initialisation) run as soon as the previous call
+//   on that workspace is done instead of just before the convolution (Note [a workspace
+//   prepared ahead] in kernels/cuda/graph_memset.cu). Environment: TANDEM_CUDNN_PREPARE_AHEAD=0
+//   turns it off.
+// weight_copy_in_update (default true): a training step whose optimizer can write the
+//   autocast weight copy (Note [the weight copy written by the update] in nn/optim/optimizer.h)
+//   has the update write it instead of refreshing it with a cast at the next step's start.
+//   Environment: TANDEM_WEIGHT_COPY_IN_UPDATE=0 turns it off.
 // cudnn_graph_api (default true): convolutions run through cuDNN's graph API with execution
 //   plans cached per configuration, far cheaper per call on the host than cuDNN's legacy entry
 //   points (Note [cuDNN graph vs legacy calls] in kernels/cuda/cudnn_graph.h). Off, or when no
@@ -415,6 +434,10 @@ void set_cudnn_memsets_as_kernels(bool on);
 bool cudnn_memsets_as_kernels();
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
+void set_cudnn_prepare_ahead(bool on);
+bool cudnn_prepare_ahead();
+void set_weight_copy_in_update(bool on);
+bool weight_copy_in_update();
 
 // Threads OpenBLAS may use for one CPU matrix product (a process-wide setting of OpenBLAS).
 // Note [one BLAS thread per virtual device]: when several virtual CPU devices train at once,

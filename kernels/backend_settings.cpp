@@ -36,6 +36,14 @@ std::atomic<bool>& programmatic_launch_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_PDL", true)};
   return flag;
 }
+std::atomic<bool>& prepare_ahead_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_PREPARE_AHEAD", true)};
+  return flag;
+}
+std::atomic<bool>& weight_copy_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_WEIGHT_COPY_IN_UPDATE", true)};
+  return flag;
+}
 std::atomic<bool>& graph_flag() {
   static std::atomic<bool> flag{!env_flag("TANDEM_CUDNN_LEGACY", false)};
   return flag;
@@ -157,5 +165,9 @@ void set_cudnn_memsets_as_kernels(bool on) { memset_kernels_flag() = on; }
 bool cudnn_memsets_as_kernels() { return memset_kernels_flag(); }
 void set_programmatic_launch(bool on) { programmatic_launch_flag() = on; }
 bool programmatic_launch() { return programmatic_launch_flag(); }
+void set_cudnn_prepare_ahead(bool on) { prepare_ahead_flag() = on; }
+bool cudnn_prepare_ahead() { return prepare_ahead_flag(); }
+void set_weight_copy_in_update(bool on) { weight_copy_flag() = on; }
+bool weight_copy_in_update() { return weight_copy_flag(); }
 
 }  // namespace tandem

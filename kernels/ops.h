@@ -162,7 +162,8 @@ BatchNormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 
 // In-place optimizer updates (backend.h). The device-resident inputs of a capturable step,
 // SgdParams::lr_tensor and AdamParams::consts, are checked like the tensors: dtype, size and
-// device, named in the error.
+// device, named in the error; so is the copy the update writes, SgdParams::copy_into and
+// AdamParams::copy_into (DTypeError, ShapeError, DeviceError).
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
               const SgdParams& p);
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -43,6 +43,24 @@ void check_step_input(const char* op, const Tensor& t, DType dtype, int64_t nume
                ", the step runs on ", device.str());
 }
 
+// SgdParams::copy_into / AdamParams::copy_into: the kernels write element i of the parameter's
+// memory to element i of the copy's, so the copy is laid out as the parameter, or both are
+// contiguous (a 1-D copy of a contiguous parameter, the flat step's).
+void check_copy_into(const char* op, const Tensor& param, const Tensor& copy) {
+  if (!copy.defined()) return;
+  TANDEM_CHECK(is_floating(copy.dtype()) && copy.dtype() != param.dtype(), DType, op,
+               ": copy_into must be of a floating dtype other than the parameter's ",
+               dtype_name(param.dtype()), ", got ", dtype_name(copy.dtype()));
+  TANDEM_CHECK(copy.numel() == param.numel() &&
+                   (same_layout(copy, param) || (copy.is_contiguous() && param.is_contiguous())),
+               Shape, op, ": copy_into ", shape_str(copy.shape()),
+               " must hold the parameter's ", param.numel(),
+               " values laid out as the parameter ", shape_str(param.shape()),
+               " (or both contiguous)");
+  TANDEM_CHECK(copy.device() == param.device(), Device, op, ": copy_into is on ",
+               copy.device().str(), ", the parameter on ", param.device().str());
+}
+
 }  // namespace
 
 // ---- optimizer steps --------------------------------------------------------------------
@@ -68,6 +86,7 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
   }
   if (p.lr_tensor.defined())
     check_step_input(op, p.lr_tensor, kFloat64, 1, param.device(), "lr_tensor");
+  check_copy_into(op, param, p.copy_into);
   backend_for(param.device()).sgd_step(param, layout_of(grad, param), momentum_buf, p);
 }
 
@@ -91,6 +110,7 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& m, const T
   }
   TANDEM_CHECK(p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1, Value, op,
                ": betas must be in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
+  check_copy_into(op, param, p.copy_into);
   backend_for(param.device()).adam_step(param, layout_of(grad, param), m, v, p);
 }
 

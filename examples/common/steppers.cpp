@@ -109,7 +109,16 @@ constexpr int64_t kTracedSteps = 5;
 // only the copy of the index. The optimizer is capturable (Note [capturable optimizer steps]
 // in nn/optim/optimizer.h): the learning rate and Adam's step count live on the GPU, so a new
 // learning rate is a fill between replays, not a new capture, and Adam steps are graphed like
-// SGD's.
+// SGD's. Under --precision bf16 the forward reads the weights from one bfloat16 copy (Note
+// [autocast weight copies] in autograd/autocast.h), which the optimizer's update writes
+// (Note [the weight copy written by the update] in nn/optim/optimizer.h; weight_copy_in_update()
+// on, kernels/backend.h): the step itself casts nothing. The copy is refreshed with a cast only
+// when it is stale -- before the first step, and after a checkpoint is loaded (after_load) --
+// eagerly in step(), before the graph runs. So no capture holds that refresh: the warm-up steps
+// have made the copy current before the first capture, and after_load invalidates the graph, so
+// the very step after it captures again, where a refresh would have run at every replay. Every
+// replay's update then writes the copy that the next replay's forward reads. With
+// weight_copy_in_update() off, every step begins with the refresh, inside the graph.
 class SingleDeviceStepper final : public Stepper {
  public:
   explicit SingleDeviceStepper(const TrainConfig& cfg)
@@ -128,10 +137,17 @@ class SingleDeviceStepper final : public Stepper {
     autocast_weights_ = make_autocast_weights(cfg, model_->parameters());
     // Only a graph needs it: StepGraph runs CPU steps eagerly.
     opt_ = make_optimizer(cfg, model_->parameters(), /*capturable=*/cfg.cuda_graph && d.is_cuda());
+    copy_in_update_ = autocast_weights_.has_value() && weight_copy_in_update();
+    if (copy_in_update_) opt_->set_weight_copy(autocast_weights_->copy());
   }
 
   void step(const data::TensorDataset& data, const Tensor& index, int64_t, const Tensor& loss_sum,
             const Tensor& correct) override {
+    // Note [the one-device step]: a stale copy is refreshed here, outside the graph.
+    if (copy_in_update_ && !copy_current_) {
+      autocast_weights_->refresh();
+      copy_current_ = true;
+    }
     graph_({index}, loss_log_.with({data.images(), data.labels(), loss_sum, correct}));
   }
 
@@ -149,8 +165,12 @@ class SingleDeviceStepper final : public Stepper {
   nn::Module& model() override { return *model_; }
   nn::optim::Optimizer& optimizer() override { return *opt_; }
   // A loaded checkpoint may have given the optimizer new state tensors: the graph would still
-  // update the old ones, so the next step captures again.
-  void after_load() override { graph_.invalidate(); }
+  // update the old ones, so the next step captures again. It has changed the parameters, so
+  // the autocast copy is stale.
+  void after_load() override {
+    graph_.invalidate();
+    copy_current_ = false;
+  }
 
  private:
   // One step on the rows `index` of (images, labels), graph-safe: see Note [the one-device step].
@@ -180,7 +200,8 @@ class SingleDeviceStepper final : public Stepper {
       b = data.get(index);
       grads_.zero_();
     }
-    const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_);
+    // Current when the update writes it (Note [the one-device step]), so not refreshed then.
+    const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_, /*refresh=*/!copy_current_);
     Tensor logits = (*model_)(b.x);
     if (beside) ready_.wait(main);
     Tensor loss = cross_entropy(logits, b.y);
@@ -198,7 +219,8 @@ class SingleDeviceStepper final : public Stepper {
     if (!seed_.defined() || seed_.dtype() != loss.dtype() || seed_.device() != loss.device())
       seed_ = ones({}, loss.dtype(), loss.device());
     loss.backward(seed_);
-    opt_->step();
+    opt_->step();  // and, when it was given it, the autocast copy of the updated parameters
+    copy_current_ = copy_in_update_;
     sums_done_.wait(main);
   }
 
@@ -229,6 +251,10 @@ class SingleDeviceStepper final : public Stepper {
   LossLog loss_log_;  // Note [the loss window inside the step]
   std::optional<AutocastWeights> autocast_weights_;
   std::unique_ptr<nn::optim::Optimizer> opt_;
+  // Note [the one-device step]: whether the update writes the autocast copy, and whether the
+  // copy holds the parameters as they are now (never, when the update does not write it).
+  bool copy_in_update_ = false;
+  bool copy_current_ = false;
   // The step's side stream on a GPU (the current stream on a CPU): the labels' gather and the
   // gradients' zeroing beside the forward, the epoch's sums beside the backward.
   Stream side_stream_;

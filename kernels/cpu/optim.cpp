@@ -1,8 +1,11 @@
 // Optimizer updates, one fused pass per parameter tensor. The arithmetic follows
 // torch.optim.SGD and torch.optim.Adam/AdamW (single-tensor, non-amsgrad) step by step, so a
 // run can be compared with PyTorch's. A capturable step (Note [capturable optimizer steps] in
-// nn/optim/optimizer.h) reads the learning rate and Adam's step constants from memory.
+// nn/optim/optimizer.h) reads the learning rate and Adam's step constants from memory. With
+// copy_into (SgdParams, AdamParams) each new value is also stored cast to the copy's type C,
+// converted as the copy kernel converts (static_cast), so the copy is a cast's bits.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -10,13 +13,33 @@ namespace tandem::cpu {
 
 namespace {
 
+// The copy's element type when there is no copy_into: the loops store nothing more.
+struct NoCopy {};
+template <typename C>
+inline constexpr bool kCopies = !std::is_same_v<C, NoCopy>;
+
+// Calls fn(TypeTag<C>{}) with C the element type of `copy` (copy_into) for a parameter of type
+// T, NoCopy for an undefined copy. C is never T (kernels::sgd_step and adam_step check it).
+template <typename T, typename Fn>
+void dispatch_copy(const Tensor& copy, const char* op, Fn&& fn) {
+  if (!copy.defined()) return fn(TypeTag<NoCopy>{});
+  dispatch_floating_bf16(copy.dtype(), op, [&](auto tag) {
+    using C = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<C, T>) {
+      TANDEM_THROW(DType, op, ": copy_into has the parameter's dtype ", dtype_name(copy.dtype()));
+    } else {
+      fn(tag);
+    }
+  });
+}
+
 // SGD: d = g + wd * p; with momentum, buf = d on the first step, else
 // buf = momentum * buf + (1 - dampening) * d; then d = nesterov ? d + momentum * buf : buf;
 // finally p -= lr * d.
 // A capturable step (p.lr_tensor defined) reads the learning rate from memory: the same double,
-// cast the same way.
-template <typename T>
-void sgd(T* param, const T* grad, T* buf, int64_t n, const SgdParams& p) {
+// cast the same way. copy (C not NoCopy): copy[i] = the new param[i], cast.
+template <typename T, typename C>
+void sgd(T* param, const T* grad, T* buf, C* copy, int64_t n, const SgdParams& p) {
   const double lr_value = p.lr_tensor.defined() ? *p.lr_tensor.data<double>() : p.lr;
   const T lr = static_cast<T>(lr_value), wd = static_cast<T>(p.weight_decay);
   const T mom = static_cast<T>(p.momentum), damp = static_cast<T>(1.0 - p.dampening);
@@ -25,6 +48,7 @@ void sgd(T* param, const T* grad, T* buf, int64_t n, const SgdParams& p) {
     for (int64_t i = 0; i < n; ++i) {
       const T d = use_wd ? grad[i] + wd * param[i] : grad[i];
       param[i] -= lr * d;
+      if constexpr (kCopies<C>) copy[i] = static_cast<C>(param[i]);
     }
     return;
   }
@@ -34,6 +58,7 @@ void sgd(T* param, const T* grad, T* buf, int64_t n, const SgdParams& p) {
     buf[i] = b;
     d = p.nesterov ? d + mom * b : b;
     param[i] -= lr * d;
+    if constexpr (kCopies<C>) copy[i] = static_cast<C>(param[i]);
   }
 }
 
@@ -52,8 +77,9 @@ AdamStepConsts adam_step_consts(double lr, double t, const AdamParams& p) {
 
 // Adam: g += wd * p (Adam) or p *= 1 - lr * wd (AdamW); m = b1 m + (1 - b1) g;
 // v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-template <typename T>
-void adam(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& p) {
+// copy (C not NoCopy): copy[i] = the new param[i], cast.
+template <typename T, typename C>
+void adam(T* param, const T* grad, T* m, T* v, C* copy, int64_t n, const AdamParams& p) {
   AdamStepConsts c;
   if (p.consts.defined()) {
     const double* k = p.consts.data<double>();
@@ -81,6 +107,7 @@ void adam(T* param, const T* grad, T* m, T* v, int64_t n, const AdamParams& p) {
     v[i] = b2 * v[i] + one_b2 * g * g;
     const T denom = std::sqrt(v[i]) * inv_bc2_sqrt + eps;
     param[i] -= step_size * m[i] / denom;
+    if constexpr (kCopies<C>) copy[i] = static_cast<C>(param[i]);
   }
 }
 
@@ -90,9 +117,13 @@ void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
                           const SgdParams& p) {
   dispatch_floating(param.dtype(), "sgd_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sgd<T>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
-           momentum_buf.defined() ? static_cast<T*>(momentum_buf.raw_data()) : nullptr,
-           param.numel(), p);
+    dispatch_copy<T>(p.copy_into, "sgd_step", [&](auto ctag) {
+      using C = typename decltype(ctag)::type;
+      sgd<T, C>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
+                momentum_buf.defined() ? static_cast<T*>(momentum_buf.raw_data()) : nullptr,
+                p.copy_into.defined() ? static_cast<C*>(p.copy_into.raw_data()) : nullptr,
+                param.numel(), p);
+    });
   });
 }
 
@@ -100,8 +131,13 @@ void CpuBackend::adam_step(const Tensor& param, const Tensor& grad, const Tensor
                            const Tensor& v, const AdamParams& p) {
   dispatch_floating(param.dtype(), "adam_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    adam<T>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
-            static_cast<T*>(m.raw_data()), static_cast<T*>(v.raw_data()), param.numel(), p);
+    dispatch_copy<T>(p.copy_into, "adam_step", [&](auto ctag) {
+      using C = typename decltype(ctag)::type;
+      adam<T, C>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
+                 static_cast<T*>(m.raw_data()), static_cast<T*>(v.raw_data()),
+                 p.copy_into.defined() ? static_cast<C*>(p.copy_into.raw_data()) : nullptr,
+                 param.numel(), p);
+    });
   });
 }
 

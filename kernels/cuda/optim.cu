@@ -4,8 +4,12 @@
 // corrections, 1 - beta, ...) are computed once on the host in double and passed in the
 // element type -- except in a capturable step (Note [capturable optimizer steps] in
 // nn/optim/optimizer.h), where the learning rate and Adam's step-dependent constants are
-// doubles in device memory that every thread reads and casts, as the host would have.
+// doubles in device memory that every thread reads and casts, as the host would have. With
+// copy_into (SgdParams, AdamParams) each new value is also stored cast to the copy's type C, by
+// the conversion the copy kernel uses (CastFn's static_cast in elementwise.cu), so the copy is
+// a cast's bits (Note [the weight copy written by the update] in nn/optim/optimizer.h).
 #include <cmath>
+#include <type_traits>
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
@@ -16,6 +20,33 @@ namespace tandem {
 namespace gpu {
 namespace {
 
+// The copy's element type when there is no copy_into: the kernels store nothing more, the
+// same code as before copies existed.
+struct NoCopy {};
+template <typename C>
+inline constexpr bool kCopies = !std::is_same_v<C, NoCopy>;
+
+// Calls fn(TypeTag<C>{}) with C the element type of `copy` (copy_into) for a parameter of type
+// T, NoCopy for an undefined copy. C is never T (kernels::sgd_step and adam_step check it).
+template <typename T, typename Fn>
+void dispatch_copy(const Tensor& copy, const char* op, Fn&& fn) {
+  if (!copy.defined()) return fn(TypeTag<NoCopy>{});
+  dispatch_floating_bf16(copy.dtype(), op, [&](auto tag) {
+    using C = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<C, T>) {
+      TANDEM_THROW(DType, op, ": copy_into has the parameter's dtype ", dtype_name(copy.dtype()));
+    } else {
+      fn(tag);
+    }
+  });
+}
+
+// The copy's pointer: C* for copy_into, null without one.
+template <typename C>
+C* copy_ptr(const Tensor& copy) {
+  return copy.defined() ? static_cast<C*>(copy.raw_data()) : nullptr;
+}
+
 template <typename T>
 struct SgdConsts {
   T lr, wd, mom, damp;  // damp = 1 - dampening
@@ -25,8 +56,9 @@ struct SgdConsts {
 // d = g + wd * p; with momentum, buf = d on the first step, else
 // buf = momentum * buf + (1 - dampening) * d, and d = nesterov ? d + momentum * buf : buf;
 // finally p -= lr * d. lr_mem (capturable): the learning rate in memory instead of k.lr.
-template <typename T>
-__global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdConsts<T> k,
+// copy (C not NoCopy): copy[i] = the new p, cast.
+template <typename T, typename C>
+__global__ void sgd_kernel(T* param, const T* grad, T* buf, C* copy, int64_t n, SgdConsts<T> k,
                            const double* lr_mem) {
   wait_for_previous_grid();  // Note [programmatic dependent launch] in common.cuh
   let_next_grid_launch();
@@ -40,6 +72,7 @@ __global__ void sgd_kernel(T* param, const T* grad, T* buf, int64_t n, SgdConsts
       d = k.nesterov ? d + k.mom * b : b;
     }
     param[i] -= k.lr * d;
+    if constexpr (kCopies<C>) copy[i] = static_cast<C>(param[i]);
   }
 }
 
@@ -52,10 +85,10 @@ struct AdamConsts {
 // g += wd * p (Adam) or p *= 1 - lr * wd (AdamW); m = b1 m + (1 - b1) g;
 // v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 // consts (capturable): {step_size, inv_bc2_sqrt, decay} in memory, as adam_advance_kernel
-// wrote them.
-template <typename T>
-__global__ void adam_kernel(T* param, const T* grad, T* m, T* v, int64_t n, AdamConsts<T> k,
-                            const double* consts) {
+// wrote them. copy (C not NoCopy): copy[i] = the new p, cast.
+template <typename T, typename C>
+__global__ void adam_kernel(T* param, const T* grad, T* m, T* v, C* copy, int64_t n,
+                            AdamConsts<T> k, const double* consts) {
   if (consts != nullptr) {
     k.step_size = static_cast<T>(consts[0]);
     k.inv_bc2_sqrt = static_cast<T>(consts[1]);
@@ -77,7 +110,9 @@ __global__ void adam_kernel(T* param, const T* grad, T* m, T* v, int64_t n, Adam
     m[i] = mi;
     v[i] = vi;
     const T denom = d_sqrt(vi) * k.inv_bc2_sqrt + k.eps;
-    param[i] = p - k.step_size * mi / denom;
+    const T updated = p - k.step_size * mi / denom;
+    param[i] = updated;
+    if constexpr (kCopies<C>) copy[i] = static_cast<C>(updated);
   }
 }
 
@@ -118,10 +153,15 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
                               static_cast<T>(p.momentum), static_cast<T>(1.0 - p.dampening),
                               p.weight_decay != 0.0,      use_momentum,
                               p.first_step,               p.nesterov};
-    gpu::launch_after_previous(gpu::sgd_kernel<T>, gpu::grid_for(n), gpu::kBlock, current_cuda_stream(param.device()),
-                               gpu::ptr<T>(param), gpu::cptr<T>(grad),
-                               use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr, n, k,
-                               p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
+    gpu::dispatch_copy<T>(p.copy_into, "sgd_step", [&](auto ctag) {
+      using C = typename decltype(ctag)::type;
+      gpu::launch_after_previous(gpu::sgd_kernel<T, C>, gpu::grid_for(n), gpu::kBlock,
+                                 current_cuda_stream(param.device()), gpu::ptr<T>(param),
+                                 gpu::cptr<T>(grad),
+                                 use_momentum ? gpu::ptr<T>(momentum_buf) : nullptr,
+                                 gpu::copy_ptr<C>(p.copy_into), n, k,
+                                 p.lr_tensor.defined() ? gpu::cptr<double>(p.lr_tensor) : nullptr);
+    });
   });
 }
 
@@ -147,10 +187,13 @@ void CudaBackend::adam_step(const Tensor& param, const Tensor& grad, const Tenso
                                static_cast<T>(1.0 - p.lr * p.weight_decay),
                                p.weight_decay != 0.0,
                                p.decoupled_weight_decay};
-    gpu::adam_kernel<T><<<gpu::grid_for(n), gpu::kBlock, 0, current_cuda_stream(param.device())>>>(
-        gpu::ptr<T>(param), gpu::cptr<T>(grad), gpu::ptr<T>(m), gpu::ptr<T>(v), n, k,
-        in_memory ? gpu::cptr<double>(p.consts) : nullptr);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    gpu::dispatch_copy<T>(p.copy_into, "adam_step", [&](auto ctag) {
+      using C = typename decltype(ctag)::type;
+      gpu::adam_kernel<T, C><<<gpu::grid_for(n), gpu::kBlock, 0, current_cuda_stream(param.device())>>>(
+          gpu::ptr<T>(param), gpu::cptr<T>(grad), gpu::ptr<T>(m), gpu::ptr<T>(v),
+          gpu::copy_ptr<C>(p.copy_into), n, k, in_memory ? gpu::cptr<double>(p.consts) : nullptr);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

@@ -74,6 +74,7 @@ bool Adam::update_flat(const Tensor& params, const Tensor& grads) {
     p.step = steps_[0] + 1;
     for (int64_t& s : steps_) s = p.step;
   }
+  p.copy_into = weight_copy();  // Note [the weight copy written by the update]
   kernels::adam_step(params, grads, m, v, p);
   return true;
 }

@@ -86,6 +86,7 @@ class Adam : public Optimizer {
 
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
   bool update_flat(const Tensor& params, const Tensor& grads) override;
+  bool update_flat_writes_weight_copy() const override { return true; }
   // Note [optimizer state names]: "step", "exp_avg", "exp_avg_sq".
   std::vector<StateKind> state_kinds() const override {
     return {{"step", false}, {"exp_avg", true}, {"exp_avg_sq", true}};

@@ -44,9 +44,38 @@ Tensor Optimizer::lr_tensor(Device device) {
   return t;
 }
 
+void Optimizer::set_weight_copy(const Tensor& copy) {
+  if (copy.defined()) weight_copy_span(copy, "Optimizer::set_weight_copy");
+  weight_copy_ = copy;
+}
+
+Tensor Optimizer::weight_copy_span(const Tensor& copy, const char* op) const {
+  const Tensor span = contiguous_span(params_);
+  TANDEM_CHECK(span.defined(), Value, op, ": the ", params_.size(),
+               " parameters do not lie back to back in one buffer (coalesce them first: "
+               "parallel::coalesce)");
+  TANDEM_CHECK(copy.numel() == span.numel(), Value, op, ": the weight copy has ", copy.numel(),
+               " elements, the parameters ", span.numel());
+  TANDEM_CHECK(copy.is_contiguous(), Value, op, ": the weight copy ", shape_str(copy.shape()),
+               " must be contiguous");
+  TANDEM_CHECK(is_floating(copy.dtype()) && copy.dtype() != span.dtype(), DType, op,
+               ": the weight copy must be of a floating dtype other than the parameters' ",
+               dtype_name(span.dtype()), ", got ", dtype_name(copy.dtype()));
+  TANDEM_CHECK(copy.device() == span.device(), Device, op, ": the weight copy is on ",
+               copy.device().str(), ", the parameters on ", span.device().str());
+  return span;
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
-  if (step_flat()) return;
+  // Checked before anything changes: the parameters may have moved since set_weight_copy.
+  const Tensor copy_span =
+      weight_copy_.defined() ? weight_copy_span(weight_copy_, "Optimizer::step") : Tensor();
+  if (step_flat()) {
+    // Note [the weight copy written by the update]: the flat kernel wrote it, or a cast does.
+    if (copy_span.defined() && !update_flat_writes_weight_copy()) refresh_weight_copy(copy_span);
+    return;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -55,6 +84,12 @@ void Optimizer::step() {
                  shape_str(p.shape()), " has a gradient of shape ", shape_str(g.shape()));
     update(i, p, g);  // the kernels lay g out as p (kernels::sgd_step, adam_step)
   }
+  if (copy_span.defined()) refresh_weight_copy(copy_span);
+}
+
+void Optimizer::refresh_weight_copy(const Tensor& span) const {
+  // One cast kernel, the one AutocastWeights::refresh enqueues; a view of the copy, no memory.
+  weight_copy_.reshape({span.numel()}).copy_(span);
 }
 
 bool Optimizer::step_flat() {

@@ -45,6 +45,23 @@
 // (moments, counts, the learning rate of a device a parameter moved to) must exist before a
 // capture begins: warm up first, as StepGraph does. Call set_lr() between replays, not inside
 // the captured step (a captured fill would put the old value back at every replay).
+//
+// Note [the weight copy written by the update]: under autocast a training step reads the
+// parameters as one bfloat16 copy (Note [autocast weight copies] in autograd/autocast.h), which
+// would otherwise be refreshed by one cast of the whole parameter buffer at every step's start.
+// set_weight_copy(copy) hands that copy to the optimizer: after every step(), copy holds the
+// parameters cast to copy's dtype, element k of the coalesced parameter buffer (in params()
+// order, as contiguous_span gives it) at element k of copy. On the flat path (Note [flat
+// optimizer step]) SGD and Adam write it from the kernel that updates the parameters, which
+// has each new value in a register anyway (SgdParams::copy_into, as apex's multi-tensor SGD
+// writes fp16 model weights): no extra pass over the parameters, and the bits of a cast (the
+// same conversion, rounded to nearest even). Where step() takes the per-parameter path, or a
+// subclass's update_flat does not write it, step() refreshes the copy with one cast copy
+// afterwards, so the contract holds either way; both are enqueued kernels on the parameters'
+// stream, with no host sync and no allocation, so a captured step (Note [capturable optimizer
+// steps]) keeps the copy current at every replay. Only step() keeps it: after any other change
+// of the parameters (loading a checkpoint, an edit in place) the caller refreshes the copy
+// before it reads it again.
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,6 +90,14 @@ class Optimizer {
   void set_lr(double lr);
   bool capturable() const { return capturable_; }
   const std::vector<Tensor>& params() const { return params_; }
+
+  // Note [the weight copy written by the update]: from the next step() on, `copy` holds the
+  // parameters cast after every step. copy: contiguous, of the parameters' total numel, of a
+  // floating dtype other than theirs, on their device; the parameters back to back in one
+  // buffer (parallel::coalesce). ValueError (naming both numbers for a wrong numel), DTypeError
+  // or DeviceError otherwise; an undefined copy clears it. The copy is not refreshed here.
+  void set_weight_copy(const Tensor& copy);
+  const Tensor& weight_copy() const { return weight_copy_; }
 
   // Note [optimizer state names]: PyTorch's optimizer.state_dict()["state"], flattened with
   // dots: "state.<i>.<name>" for parameter i (its position in params()) and each of its state
@@ -124,6 +149,10 @@ class Optimizer {
   // all parameters and all gradients (same length, device and dtype). Returns false (having
   // changed nothing) to decline; then step() updates parameter by parameter.
   virtual bool update_flat(const Tensor& params, const Tensor& grads) { return false; }
+  // Whether an update_flat that returned true has also written weight_copy(), when defined,
+  // with the updated `params` cast (Note [the weight copy written by the update]); false:
+  // step() refreshes it with a cast.
+  virtual bool update_flat_writes_weight_copy() const { return false; }
   // Per-parameter state for the flat path: `slots` (one per parameter) as consecutive views of
   // one zeroed buffer like `flat`, when every slot is undefined; the span of the slots when
   // they already are such views on flat's device; undefined otherwise.
@@ -137,11 +166,17 @@ class Optimizer {
 
  private:
   bool step_flat();
+  // The span of the parameters that weight_copy_ mirrors, checked against it (`op` names the
+  // caller in the errors).
+  Tensor weight_copy_span(const Tensor& copy, const char* op) const;
+  // weight_copy_ = span cast, one kernel.
+  void refresh_weight_copy(const Tensor& span) const;
 
   std::vector<Tensor> params_;
   double lr_;
   bool capturable_;
   std::vector<std::pair<Device, Tensor>> lr_tensors_;  // capturable: one per device, float64 []
+  Tensor weight_copy_;  // Note [the weight copy written by the update]; undefined: none
 };
 
 }  // namespace tandem::nn::optim

@@ -38,6 +38,7 @@ bool SGD::update_flat(const Tensor& params, const Tensor& grads) {
     buf = flat_state(buffers_, params);
     if (!buf.defined()) return false;
   }
+  p.copy_into = weight_copy();  // Note [the weight copy written by the update]
   kernels::sgd_step(params, grads, buf, p);
   return true;
 }

@@ -67,6 +67,7 @@ class SGD : public Optimizer {
  protected:
   void update(size_t index, const Tensor& param, const Tensor& grad) override;
   bool update_flat(const Tensor& params, const Tensor& grads) override;
+  bool update_flat_writes_weight_copy() const override { return true; }
   // Note [optimizer state names]: "momentum_buffer".
   std::vector<StateKind> state_kinds() const override { return {{"momentum_buffer", true}}; }
   std::vector<Tensor>* state_slots(const std::string&) override { return &buffers_; }

@@ -199,6 +199,63 @@ TEST_CASE("on a GPU, a run replayed from a CUDA graph ends with the very tensors
   CHECK(losses(dir.file("eager.log")) == losses(dir.file("graphed.log")));
 }
 
+// Note [the weight copy written by the update] (nn/optim/optimizer.h): a bf16 run on `where`
+// whose optimizer writes the autocast weight copy ends with the very tensors of one that casts
+// the copy at every step (`cast_flags` added to it), for SGD with momentum and for Adam; so
+// does the same run cut after step 5 and resumed, whose copy is stale after the load.
+void check_weight_copy_in_update(const TempDir& dir, const std::string& where, const std::string& cast_flags) {
+  // 2 epochs of 8 steps, a checkpoint after every step.
+  const std::string common = "--data " + dir.path().string() + " " + where +
+                             " --epochs 2 --batch-size 8 --test-limit 16 --no-progress --precision bf16 "
+                             "--activation relu --checkpoint-every 1";
+  const std::string last = "ckpt-000000000016.safetensors";
+  for (const char* optimizer : {"--momentum 0.9", "--optimizer adam --lr 0.001"}) {
+    INFO(where << " " << optimizer);
+    const std::string args = common + " " + optimizer;
+    const fs::path cast = dir.path() / "cast", update = dir.path() / "update";
+    fs::remove_all(cast);
+    fs::remove_all(update);
+    const auto run_with = [&](const std::string& env, const std::string& more, const std::string& log) {
+      const std::string cmd = env + " " + TANDEM_LENET_PATH + " " + args + " " + more + " > " + dir.file(log) + " 2>&1";
+      const int status = std::system(cmd.c_str());
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    };
+    const int cast_code = run_with("TANDEM_WEIGHT_COPY_IN_UPDATE=0", cast_flags + " --checkpoint " + cast.string(), "cast.log");
+    INFO(read_text(dir.file("cast.log")));
+    REQUIRE(cast_code == 0);
+    const int update_code = run_with("TANDEM_WEIGHT_COPY_IN_UPDATE=1", "--checkpoint " + update.string(), "update.log");
+    INFO(read_text(dir.file("update.log")));
+    REQUIRE(update_code == 0);
+    CHECK(read_text(dir.file("update.log")).find("bf16 autocast") != std::string::npos);
+    require_same_tensors((cast / last).string(), (update / last).string());
+
+    for (const auto& [step, path] : checkpoints(update))
+      if (step > 5) fs::remove(path);
+    const int resume_code = run_with("TANDEM_WEIGHT_COPY_IN_UPDATE=1", "--checkpoint " + update.string() + " --resume", "resume.log");
+    INFO(read_text(dir.file("resume.log")));
+    REQUIRE(resume_code == 0);
+    CHECK(read_text(dir.file("resume.log")).find("resuming from") != std::string::npos);
+    require_same_tensors((cast / last).string(), (update / last).string());
+  }
+}
+
+TEST_CASE("bf16: the weight copy written by the update gives the tensors of a cast at every step, resumed too",
+          "[examples][checkpoint]") {
+  TempDir dir;
+  write_tiny_dataset(dir.path());
+  check_weight_copy_in_update(dir, "--device cpu", "");
+}
+
+TEST_CASE("on a GPU, a graphed bf16 run whose update writes the weight copy ends as an eager one that casts",
+          "[examples][checkpoint][cuda]") {
+  TANDEM_REQUIRE_CUDA();
+  TempDir dir;
+  write_tiny_dataset(dir.path());
+  // Graphed: the copy written by every replay's update, and, resumed, a capture right after
+  // the load (Note [the one-device step] in examples/common/steppers.cpp).
+  check_weight_copy_in_update(dir, "--device cuda:0", "--no-cuda-graph");
+}
+
 TEST_CASE("SIGTERM stops a run after its step with exit 143 and a checkpoint that resumes", "[examples][checkpoint]") {
   TempDir dir;
   write_tiny_dataset(dir.path());
