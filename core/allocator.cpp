@@ -90,6 +90,7 @@ class CaptureMemory {
   bool capturing = true;
   std::unordered_map<void*, size_t> graph_blocks;  // allocated during the capture, still held
   std::vector<std::pair<void*, size_t>> retained;  // allocated before, released during it
+  std::vector<std::shared_ptr<const void>> kept;   // capture_memory_keep
 };
 
 namespace {
@@ -200,6 +201,19 @@ void capture_memory_join(Device d, void* stream, void* joined) {
   r->joined.push_back(j);
 #else
   (void)d, (void)stream, (void)joined;
+#endif
+}
+
+bool capture_memory_keep(Device d, void* stream, std::shared_ptr<const void> keep) {
+#ifdef TANDEM_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  CaptureMemory* r = record_of(static_cast<cudaStream_t>(stream));
+  if (r == nullptr || r->device != d) return false;
+  if (std::find(r->kept.begin(), r->kept.end(), keep) == r->kept.end()) r->kept.push_back(std::move(keep));
+  return true;
+#else
+  (void)d, (void)stream, (void)keep;
+  return false;
 #endif
 }
 

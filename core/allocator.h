@@ -50,6 +50,11 @@ std::shared_ptr<CaptureMemory> capture_memory_begin(Device d, void* stream);
 // allocations and frees are the record's as well, until the capture ends. Nothing when
 // `stream` is not being captured.
 void capture_memory_join(Device d, void* stream, void* joined);
+// `keep` lives as long as the record of the capture that `stream` (a cudaStream_t of device d:
+// the captured stream or one joined to it) takes part in, i.e. as long as its graph: for memory
+// made outside the capture that the captured work uses at every replay. False, and nothing
+// kept, when no capture of this allocator's records covers `stream`.
+bool capture_memory_keep(Device d, void* stream, std::shared_ptr<const void> keep);
 // Ends the record's capture: later frees of the stream are ordinary again. Returns the bytes
 // allocated during the capture that live tensors still hold.
 size_t capture_memory_end(CaptureMemory& record);

@@ -29,6 +29,7 @@
 #include <memory>
 
 #include "core/allocator.h"
+#include "core/cuda_graph.h"
 #include "core/device.h"
 #include "kernels/cuda/channel_any.cuh"
 #include "kernels/cuda/common.cuh"
@@ -259,11 +260,25 @@ void convolve(Device device, const Tensor& xt, const Tensor& wt, const Tensor& y
     out.copy_(Pass::kPass == ConvPass::Forward ? yc : Pass::kPass == ConvPass::BackwardData ? xc : wc);
     return;
   }
-  DataPtr workspace = allocate(device, plan.workspace);
   if (plan.graph) {
+    // Note [a workspace prepared ahead] (graph_memset.cu): inside a capture, the stream's own
+    // workspace where it fits; outside, the stream keeps one big enough for the captures.
+    cudaStream_t stream = current_cuda_stream(device);
+    StreamWorkspace ahead;
+    if (is_current_stream_capturing(device)) {
+      ahead = capture_stream_workspace(device, stream, plan.workspace);
+    } else {
+      reserve_stream_workspace(device, stream, plan.workspace);
+    }
+    if (ahead) {
+      plan.graph->run(h, x, w, y, ahead.data, &ahead);
+      return;
+    }
+    DataPtr workspace = allocate(device, plan.workspace);
     plan.graph->run(h, x, w, y, workspace.get());
     return;
   }
+  DataPtr workspace = allocate(device, plan.workspace);
   const opmath_t<T> one = 1, zero = 0;  // in the compute type (cudnn_compute_dtype)
   TANDEM_CUDNN_CHECK(Pass::run(h, plan, &one, &zero, x, w, y, workspace.get()));
 }

@@ -156,10 +156,11 @@ std::vector<std::unique_ptr<BackendDesc>> engine_configs(const BackendDesc& grap
 }
 
 // Runs `plan` on the three pointers (uids kUidX/W/Y) and a workspace, on h's stream.
-void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y, void* workspace) {
+void execute(cudnnHandle_t h, const BackendDesc& plan, void* x, void* w, void* y, void* workspace,
+             const StreamWorkspace* ahead = nullptr) {
   const std::array<int64_t, 3> uids{kUidX, kUidW, kUidY};
   const std::array<void*, 3> ptrs{x, w, y};
-  execute_plan(h, plan, uids, ptrs, workspace);
+  execute_plan(h, plan, uids, ptrs, workspace, ahead);
 }
 
 // An executable graph, destroyed with its owner.
@@ -401,7 +402,7 @@ std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const Back
 }
 
 void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int64_t> uids,
-                  std::span<void* const> ptrs, void* workspace) {
+                  std::span<void* const> ptrs, void* workspace, const StreamWorkspace* ahead) {
   TANDEM_CHECK(uids.size() == ptrs.size(), Value, "cuDNN graph: ", uids.size(), " tensor ids for ", ptrs.size(),
                " pointers");
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -423,7 +424,7 @@ void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int6
     const cudnnStatus_t ran = cudnnBackendExecute(h, plan.get(), pack.get());
     TANDEM_CUDNN_CHECK(cudnnSetStream(h, stream));
     TANDEM_CUDNN_CHECK(ran);
-  });
+  }, ahead);
 }
 
 std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DType dtype, bool channels_last,
@@ -476,8 +477,8 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   return g;
 }
 
-void ConvGraph::run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace) const {
-  execute(h, *plan_, x, w, y, workspace);
+void ConvGraph::run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace, const StreamWorkspace* ahead) const {
+  execute(h, *plan_, x, w, y, workspace, ahead);
 }
 
 }  // namespace tandem::gpu

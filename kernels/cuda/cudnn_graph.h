@@ -50,6 +50,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/graph_memset.h"
 
 namespace tandem::gpu {
 
@@ -99,7 +100,9 @@ class ConvGraph {
   size_t workspace() const { return workspace_; }
   // Runs the pass on h's stream: forward y = conv(x, w); backward data x = dgrad(y, w);
   // backward filter w = wgrad(x, y). The output is overwritten.
-  void run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace) const;
+  // With `ahead`, `workspace` is that stream workspace (Note [a workspace prepared ahead] in
+  // graph_memset.cu).
+  void run(cudnnHandle_t h, void* x, void* w, void* y, void* workspace, const StreamWorkspace* ahead = nullptr) const;
 
  private:
   ConvGraph() = default;
@@ -162,7 +165,8 @@ std::vector<GraphPlan> graph_plans(cudnnHandle_t h, const std::vector<const Back
                                    size_t max_workspace, size_t limit);
 // Runs `plan` on h's stream with the tensors of the given unique ids at the given pointers (no
 // allocation: a convolution runs through here on every call).
+// With `ahead`, `workspace` is that stream workspace (run_memsets_as_kernels in graph_memset.h).
 void execute_plan(cudnnHandle_t h, const BackendDesc& plan, std::span<const int64_t> uids,
-                  std::span<void* const> ptrs, void* workspace);
+                  std::span<void* const> ptrs, void* workspace, const StreamWorkspace* ahead = nullptr);
 
 }  // namespace tandem::gpu

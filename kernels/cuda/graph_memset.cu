@@ -21,14 +21,48 @@
 // gone (the one left zeroes the gradient buffer), idle time inside the graph 204 -> 89 us, the
 // replay 3573 -> 3333 us, 75.7k -> 77.9k images/s. Environment: TANDEM_CUDNN_MEMSET_KERNELS=0
 // turns it off (kernels/backend.h).
+//
+// Note [a workspace prepared ahead]: with the memsets as kernels, a replayed ResNet-18 step
+// still ran, before most convolutions, a short chain on the stream's critical path: the
+// counter's clearing (a 1 us kernel) and, before many input gradients, cuDNN's own
+// init_device_workspace_kernel (3.5 us), each with a launch gap after it, about 60 us of a
+// 3.1 ms step (H100). Neither reads the call's tensors: they prepare its workspace. They wait
+// for the call's inputs only because the workspace is allocated in stream order just before
+// the call, where its memory may have been another tensor's a moment before.
+//
+// So inside a capture a call may take its stream's own workspace instead: a block the stream
+// keeps (reserve_stream_workspace, at the eager steps before a capture, up to 16 MB, grown to
+// the largest call's need), which only the captured calls on that stream use, and which every
+// graph using it keeps alive (capture_memory_keep in core/allocator.h). Its only other users are
+// then the calls before on the same stream, so the call's small graph (above) is split: the
+// nodes that only prepare the workspace -- a fill that replaced a memset inside the block, or
+// a kernel named init_device_workspace, with nothing but such nodes before them -- become a
+// child graph node of their own that depends only on the previous call's node that used the
+// block in this capture (on none for the first, which then runs at the replay's start), and
+// the rest of the call depends on it and on the call's inputs, as before. The preparation then
+// runs beside the batch norm passes between two convolutions, off the critical path; the work
+// and the bytes written are the same, only the order between unrelated nodes changes.
+//
+// What this relies on: that cuDNN's workspace initialisation touches nothing but the workspace
+// (its name, and the tests that replay convolutions on new inputs against eager runs); and
+// that graphs captured on one stream are not replayed at the same time on two streams (they
+// would share the stream's workspace; graphs replayed on the stream they were captured on
+// never are). Calls outside a capture are unchanged: they take a block in stream order.
+// Environment: TANDEM_CUDNN_PREPARE_AHEAD=0 turns it off (kernels/backend.h).
+
 #include "kernels/cuda/graph_memset.h"
 
+#include <cuda.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/backend.h"
@@ -91,8 +125,14 @@ bool default_edges(const std::vector<cudaGraphEdgeData>& edges) {
   return true;
 }
 
+// A kernel node that replaced a memset, and the bytes it writes, [begin, end).
+struct Fill {
+  cudaGraphNode_t node;
+  uintptr_t begin, end;
+};
+
 // Replaces one memset node; false (the graph unchanged) when its edges carry data.
-bool replace_memset(cudaGraph_t graph, cudaGraphNode_t node) {
+bool replace_memset(cudaGraph_t graph, cudaGraphNode_t node, std::vector<Fill>* fills) {
   cudaMemsetParams m{};
   TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
   size_t n_in = 0, n_out = 0;
@@ -116,7 +156,26 @@ bool replace_memset(cudaGraph_t graph, cudaGraphNode_t node) {
   cudaGraphNode_t fill = add(graph, m, in.data(), n_in);
   for (cudaGraphNode_t d : out) TANDEM_CUDA_CHECK(cudaGraphAddDependencies(graph, &fill, &d, nullptr, 1));
   TANDEM_CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
+  if (fills != nullptr) {
+    const auto begin = reinterpret_cast<uintptr_t>(m.dst);
+    const size_t row_bytes = m.width * m.elementSize;
+    fills->push_back({fill, begin, begin + (m.height > 1 ? (m.height - 1) * m.pitch : 0) + row_bytes});
+  }
   return true;
+}
+
+size_t replace_memsets(cudaGraph_t graph, std::vector<Fill>* fills) {
+  size_t n = 0;
+  TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  size_t replaced = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeMemset && replace_memset(graph, node, fills)) ++replaced;
+  }
+  return replaced;
 }
 
 // This thread's uncaptured streams, one per device and priority, for the small captures.
@@ -152,23 +211,183 @@ struct GraphOwner {
   GraphOwner& operator=(const GraphOwner&) = delete;
 };
 
-}  // namespace
+// ---- Note [a workspace prepared ahead] ------------------------------------------------------
 
-size_t memsets_to_kernels(cudaGraph_t graph) {
+// The most a stream keeps as its own workspace. ResNet-18's calls that clear or initialise their
+// workspace need far less; a call that needs more takes a block of its own, as outside a capture.
+constexpr size_t kStreamWorkspaceMax = size_t{16} << 20;
+
+// A stream's own workspace, and its last use in the capture under way.
+struct StreamSlot {
+  Device device;
+  cudaStream_t stream = nullptr;
+  DataPtr block;
+  size_t bytes = 0;
+  unsigned long long capture_id = 0;   // the capture that last_use belongs to (0: none)
+  cudaGraphNode_t last_use = nullptr;  // the child node of that capture that used the block last
+};
+
+// This thread's slots; unique_ptr, so that a StreamWorkspace's slot pointer stays valid.
+thread_local std::vector<std::unique_ptr<StreamSlot>> tls_slots;
+
+StreamSlot* slot_of(Device device, cudaStream_t stream) {
+  for (const auto& slot : tls_slots) {
+    if (slot->device == device && slot->stream == stream) return slot.get();
+  }
+  return nullptr;
+}
+
+std::atomic<size_t> g_prepared_ahead{0};
+
+// The name of the kernel a kernel node launches, through the driver (a library's kernels are
+// the driver's functions, which the runtime cannot name); null when the driver cannot say.
+const char* kernel_node_name(cudaGraphNode_t node) {
+  using GetParams = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
+  using FuncName = CUresult (*)(const char**, CUfunction);
+  using KernelName = CUresult (*)(const char**, CUkernel);
+  struct Entry {
+    GetParams get_params = nullptr;
+    FuncName func_name = nullptr;
+    KernelName kernel_name = nullptr;
+    Entry() {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &f, 12000, cudaEnableDefault, &q) ==
+              cudaSuccess && q == cudaDriverEntryPointSuccess)
+        get_params = reinterpret_cast<GetParams>(f);
+      if (cudaGetDriverEntryPointByVersion("cuFuncGetName", &f, 12030, cudaEnableDefault, &q) == cudaSuccess &&
+          q == cudaDriverEntryPointSuccess)
+        func_name = reinterpret_cast<FuncName>(f);
+      if (cudaGetDriverEntryPointByVersion("cuKernelGetName", &f, 12030, cudaEnableDefault, &q) == cudaSuccess &&
+          q == cudaDriverEntryPointSuccess)
+        kernel_name = reinterpret_cast<KernelName>(f);
+      (void)cudaGetLastError();
+    }
+  };
+  static const Entry entry;
+  if (entry.get_params == nullptr) return nullptr;
+  CUDA_KERNEL_NODE_PARAMS p{};
+  if (entry.get_params(node, &p) != CUDA_SUCCESS) return nullptr;
+  const char* name = nullptr;
+  if (p.func != nullptr && entry.func_name != nullptr && entry.func_name(&name, p.func) == CUDA_SUCCESS) return name;
+  if (p.func == nullptr && p.kern != nullptr && entry.kernel_name != nullptr &&
+      entry.kernel_name(&name, p.kern) == CUDA_SUCCESS)
+    return name;
+  return nullptr;
+}
+
+// Whether `node` of a captured library call only prepares the workspace [begin, end): a fill
+// that replaced a memset inside it, or cuDNN's workspace initialisation kernel, which reads
+// none of the call's tensors (it runs before the convolution, on the workspace alone, in every
+// engine that has it).
+bool prepares_workspace(cudaGraphNode_t node, const std::vector<Fill>& fills, uintptr_t begin, uintptr_t end) {
+  for (const Fill& f : fills) {
+    if (f.node == node) return f.begin >= begin && f.end <= end;
+  }
+  cudaGraphNodeType type{};
+  TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+  if (type != cudaGraphNodeTypeKernel) return false;
+  const char* name = kernel_node_name(node);
+  return name != nullptr && std::strstr(name, "init_device_workspace") != nullptr;
+}
+
+std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t graph) {
   size_t n = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
   if (n > 0) TANDEM_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  size_t replaced = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeMemset && replace_memset(graph, node)) ++replaced;
-  }
-  return replaced;
+  return nodes;
 }
 
-size_t run_memsets_as_kernels(cudaStream_t stream, const std::function<void(cudaStream_t)>& work) {
+// The nodes of `small` that prepare the workspace and depend on nothing else: each is one
+// (prepares_workspace), all its dependencies are among them, and its edges are plain.
+std::vector<cudaGraphNode_t> preparation_nodes(cudaGraph_t small, const std::vector<Fill>& fills,
+                                               const StreamWorkspace& ws) {
+  const auto begin = reinterpret_cast<uintptr_t>(ws.data), end = begin + ws.bytes;
+  const std::vector<cudaGraphNode_t> nodes = nodes_of(small);
+  std::vector<cudaGraphNode_t> prep;
+  auto in_prep = [&](cudaGraphNode_t n) { return std::find(prep.begin(), prep.end(), n) != prep.end(); };
+  for (bool grew = true; grew;) {  // a few nodes: repeat until no node joins
+    grew = false;
+    for (cudaGraphNode_t node : nodes) {
+      if (in_prep(node) || !prepares_workspace(node, fills, begin, end)) continue;
+      size_t n_in = 0, n_out = 0;
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
+      TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
+      std::vector<cudaGraphNode_t> in(n_in), out(n_out);
+      std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
+      if (n_in > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &n_in));
+      if (n_out > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &n_out));
+      if (!default_edges(in_edges) || !default_edges(out_edges)) continue;
+      if (!std::all_of(in.begin(), in.end(), in_prep)) continue;
+      prep.push_back(node);
+      grew = true;
+    }
+  }
+  if (prep.size() == nodes.size()) prep.clear();  // nothing left to prepare for
+  return prep;
+}
+
+// Moves the nodes `prep` of `small` into a graph of their own (returned; `small` keeps the
+// rest). Edges between the two parts go: the caller orders the whole of the rest after it.
+cudaGraph_t split_off(cudaGraph_t small, const std::vector<cudaGraphNode_t>& prep) {
+  cudaGraph_t ahead = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphClone(&ahead, small));
+  for (cudaGraphNode_t node : nodes_of(small)) {
+    if (std::find(prep.begin(), prep.end(), node) != prep.end()) continue;
+    cudaGraphNode_t copy = nullptr;
+    TANDEM_CUDA_CHECK(cudaGraphNodeFindInClone(&copy, node, ahead));
+    TANDEM_CUDA_CHECK(cudaGraphDestroyNode(copy));
+  }
+  for (cudaGraphNode_t node : prep) TANDEM_CUDA_CHECK(cudaGraphDestroyNode(node));
+  return ahead;
+}
+
+cudaGraphNode_t add_child(cudaGraph_t step, cudaGraph_t child, const cudaGraphNode_t* deps,
+                          const cudaGraphEdgeData* edges, size_t n_deps) {
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeGraph;
+  params.graph.graph = child;  // cloned into the step's graph
+  cudaGraphNode_t node = nullptr;
+  TANDEM_CUDA_CHECK(cudaGraphAddNode(&node, step, deps, edges, n_deps, &params));
+  return node;
+}
+
+}  // namespace
+
+void reserve_stream_workspace(Device device, cudaStream_t stream, size_t bytes) {
+  if (bytes == 0 || bytes > kStreamWorkspaceMax || !cudnn_prepare_ahead()) return;
+  StreamSlot* slot = slot_of(device, stream);
+  if (slot == nullptr) {
+    tls_slots.push_back(std::make_unique<StreamSlot>());
+    slot = tls_slots.back().get();
+    slot->device = device;
+    slot->stream = stream;
+  }
+  if (slot->bytes >= bytes) return;
+  // The block before goes when nothing holds it: graphs that used it keep it
+  // (capture_memory_keep), and its free is ordered after the stream's work so far.
+  const size_t grown = std::min(kStreamWorkspaceMax, std::max(bytes, 2 * slot->bytes));
+  slot->block = allocate(device, grown);
+  slot->bytes = grown;
+  slot->capture_id = 0;
+  slot->last_use = nullptr;
+}
+
+StreamWorkspace capture_stream_workspace(Device device, cudaStream_t stream, size_t bytes) {
+  if (bytes == 0 || !cudnn_prepare_ahead() || !cudnn_memsets_as_kernels()) return {};
+  StreamSlot* slot = slot_of(device, stream);
+  if (slot == nullptr || slot->bytes < bytes) return {};
+  if (!capture_memory_keep(device, stream, slot->block)) return {};
+  return {slot->block.get(), slot->bytes, slot};
+}
+
+size_t prepared_ahead_nodes() { return g_prepared_ahead.load(std::memory_order_relaxed); }
+
+size_t memsets_to_kernels(cudaGraph_t graph) { return replace_memsets(graph, nullptr); }
+
+size_t run_memsets_as_kernels(cudaStream_t stream, const std::function<void(cudaStream_t)>& work,
+                              const StreamWorkspace* ahead) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   TANDEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   if (status != cudaStreamCaptureStatusActive || !cudnn_memsets_as_kernels()) {
@@ -189,7 +408,8 @@ size_t run_memsets_as_kernels(cudaStream_t stream, const std::function<void(cuda
     throw;
   }
   TANDEM_CUDA_CHECK(cudaStreamEndCapture(scratch, &small.g));
-  const size_t replaced = memsets_to_kernels(small.g);
+  std::vector<Fill> fills;
+  const size_t replaced = replace_memsets(small.g, &fills);
   size_t n = 0;
   TANDEM_CUDA_CHECK(cudaGraphGetNodes(small.g, nullptr, &n));
   if (n == 0) return replaced;  // the call enqueued nothing
@@ -198,18 +418,33 @@ size_t run_memsets_as_kernels(cudaStream_t stream, const std::function<void(cuda
   const cudaGraphNode_t* deps = nullptr;
   const cudaGraphEdgeData* edges = nullptr;
   size_t n_deps = 0;
-  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &step, &deps, &edges, &n_deps));
+  unsigned long long capture_id = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture_id, &step, &deps, &edges, &n_deps));
   TANDEM_CHECK(status == cudaStreamCaptureStatusActive, Cuda,
                "cuDNN call in a CUDA graph capture: the capture ended while the call was captured apart");
-  const std::vector<cudaGraphNode_t> dep_nodes(deps, deps + n_deps);
+  std::vector<cudaGraphNode_t> dep_nodes(deps, deps + n_deps);
   std::vector<cudaGraphEdgeData> dep_edges(n_deps);
   if (edges != nullptr) std::copy(edges, edges + n_deps, dep_edges.begin());  // null: default edges
-  cudaGraphNodeParams params{};
-  params.type = cudaGraphNodeTypeGraph;
-  params.graph.graph = small.g;  // cloned into the step's graph
-  cudaGraphNode_t child = nullptr;
-  TANDEM_CUDA_CHECK(cudaGraphAddNode(&child, step, dep_nodes.data(), dep_edges.data(), n_deps, &params));
+  auto* slot = ahead != nullptr && *ahead ? static_cast<StreamSlot*>(ahead->slot) : nullptr;
+  if (slot != nullptr) {
+    // Note [a workspace prepared ahead]: the preparation after the block's last use in this
+    // capture (none yet: first thing in the graph), the rest after it and the call's inputs.
+    const std::vector<cudaGraphNode_t> prep = preparation_nodes(small.g, fills, *ahead);
+    if (!prep.empty()) {
+      GraphOwner first;
+      first.g = split_off(small.g, prep);
+      const bool used = slot->capture_id == capture_id && slot->last_use != nullptr;
+      dep_nodes.push_back(add_child(step, first.g, used ? &slot->last_use : nullptr, nullptr, used ? 1 : 0));
+      dep_edges.push_back(cudaGraphEdgeData{});
+      g_prepared_ahead.fetch_add(prep.size(), std::memory_order_relaxed);
+    }
+  }
+  cudaGraphNode_t child = add_child(step, small.g, dep_nodes.data(), dep_edges.data(), dep_nodes.size());
   TANDEM_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(stream, &child, nullptr, 1, cudaStreamSetCaptureDependencies));
+  if (slot != nullptr) {
+    slot->capture_id = capture_id;
+    slot->last_use = child;
+  }
   return replaced;
 }
 

@@ -2,12 +2,16 @@
 // kernels/cuda/graph_memset.cu): memset nodes rewritten as kernel nodes that write the same
 // bytes in the same order; a call captured apart and joined to a capture whose graph allocates
 // (where no node may be removed); and convolutions replayed from graphs, the same bits with the
-// rewrite on and off.
+// rewrite on and off. A workspace prepared ahead (Note [a workspace prepared ahead]): the
+// preparation of a stream's own workspace split off, after the workspace's last use, and
+// convolutions replayed on new inputs with it on and off.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "catch.h"
 #include "core/cuda_graph.h"
+#include "core/cuda_stream.h"
 #include "helpers.h"
 #include "kernels/backend.h"
 #include "kernels/bf16_test_util.h"
@@ -266,6 +270,170 @@ TEST_CASE("convolutions replayed from a graph give the eager bits with cuDNN's m
         CHECK(test::values(gy) == test::values(y));
         CHECK(test::values(gdx) == test::values(dx));
         CHECK(test::values(gdw) == test::values(dw));
+      }
+    }
+  }
+}
+
+namespace {
+
+// The nodes a node depends on.
+std::vector<cudaGraphNode_t> dependencies_of(cudaGraphNode_t node) {
+  size_t n = 0;
+  REQUIRE(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n) == cudaSuccess);
+  std::vector<cudaGraphNode_t> in(n);
+  if (n > 0) REQUIRE(cudaGraphNodeGetDependencies(node, in.data(), nullptr, &n) == cudaSuccess);
+  return in;
+}
+
+cudaGraph_t child_graph_of(cudaGraphNode_t node) {
+  cudaGraph_t g = nullptr;
+  REQUIRE(cudaGraphChildGraphNodeGetGraph(node, &g) == cudaSuccess);
+  return g;
+}
+
+bool contains(const std::vector<cudaGraphNode_t>& nodes, cudaGraphNode_t node) {
+  return std::find(nodes.begin(), nodes.end(), node) != nodes.end();
+}
+
+}  // namespace
+
+TEST_CASE("a stream's own workspace: its preparation runs after its last use, not after the call's inputs",
+          "[kernels][cuda][graph_memset][cuda_graph]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const test::SettingRestore ahead(set_cudnn_prepare_ahead, cudnn_prepare_ahead);
+  const test::SettingRestore memsets(set_cudnn_memsets_as_kernels, cudnn_memsets_as_kernels);
+  set_cudnn_memsets_as_kernels(true);
+  const cudaStream_t stream = current_cuda_stream(gpu);
+  Tensor out = zeros({3}, kInt64, gpu), other = zeros({1}, kInt64, gpu);  // 4 bytes of each written
+  auto* out_p = static_cast<char*>(out.raw_data());
+  SECTION("on") {
+    set_cudnn_prepare_ahead(true);
+    gpu::reserve_stream_workspace(gpu, stream, 64);  // outside the capture, as a warm-up step does
+    CHECK_FALSE(gpu::capture_stream_workspace(gpu, stream, 64));  // only inside a capture
+    const size_t before = gpu::prepared_ahead_nodes();
+    CUDAGraph g;
+    g.capture_begin(gpu);
+    // Three calls on the workspace: each sets its first word to k + 1 (the preparation) and
+    // copies it out (the use). The third also clears a word of another buffer, which stays
+    // with its call.
+    std::vector<cudaGraphNode_t> calls;
+    for (int k = 0; k < 3; ++k) {
+      const gpu::StreamWorkspace ws = gpu::capture_stream_workspace(gpu, stream, 64);
+      REQUIRE(ws);
+      CHECK(ws.bytes >= 64);
+      bool enqueued = true;
+      gpu::run_memsets_as_kernels(
+          stream,
+          [&](cudaStream_t s) {
+            enqueued = enqueued && cudaMemsetAsync(ws.data, k + 1, 4, s) == cudaSuccess;
+            if (k == 2) enqueued = enqueued && cudaMemsetAsync(other.raw_data(), 0x55, 4, s) == cudaSuccess;
+            enqueued = enqueued && cudaMemcpyAsync(out_p + 8 * k, ws.data, 4, cudaMemcpyDeviceToDevice, s) == cudaSuccess;
+          },
+          &ws);
+      REQUIRE(enqueued);
+      cudaStreamCaptureStatus status{};
+      const cudaGraphNode_t* deps = nullptr;
+      size_t n_deps = 0;
+      REQUIRE(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &n_deps) == cudaSuccess);
+      REQUIRE(n_deps == 1);
+      calls.push_back(deps[0]);
+    }
+    // Each call is its preparation's child node, then the rest after it.
+    CHECK(gpu::prepared_ahead_nodes() - before == 3);
+    for (int k = 0; k < 3; ++k) {
+      INFO("call " << k);
+      const std::vector<cudaGraphNode_t> in = dependencies_of(calls[k]);
+      REQUIRE(in.size() == (k == 0 ? 1u : 2u));  // the preparation (and the call before)
+      const cudaGraphNode_t prep = in.front() == (k > 0 ? calls[k - 1] : nullptr) ? in.back() : in.front();
+      const std::vector<cudaGraphNode_t> prep_in = dependencies_of(prep);
+      if (k == 0) {
+        CHECK(prep_in.empty());  // nothing used the workspace before in this capture
+      } else {
+        CHECK(contains(in, calls[k - 1]));
+        CHECK(prep_in == std::vector<cudaGraphNode_t>{calls[k - 1]});
+      }
+      NodeCounts p = count_nodes(child_graph_of(prep)), rest = count_nodes(child_graph_of(calls[k]));
+      CHECK(p.kernel == 1);
+      CHECK(rest.kernel == (k == 2 ? 1u : 0u));  // the other buffer's clearing stays
+    }
+    g.capture_end();
+    REQUIRE(g.captured());
+    for (int replay = 0; replay < 2; ++replay) {
+      g.replay();
+      CHECK(test::values(out) == std::vector<double>{0x01010101, 0x02020202, 0x03030303});
+      CHECK(test::values(other) == std::vector<double>{0x55555555});
+    }
+  }
+  SECTION("off: no stream workspace") {
+    set_cudnn_prepare_ahead(false);
+    gpu::reserve_stream_workspace(gpu, stream, 64);
+    CUDAGraph g;
+    g.capture_begin(gpu);
+    CHECK_FALSE(gpu::capture_stream_workspace(gpu, stream, 64));
+    g.capture_end();
+  }
+}
+
+TEST_CASE("convolutions replayed on new inputs give the eager bits with their workspace prepared ahead or not",
+          "[kernels][cuda][graph_memset][cuda_graph]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const test::SettingRestore direct(set_direct_conv, direct_conv);
+  const test::SettingRestore ahead(set_cudnn_prepare_ahead, cudnn_prepare_ahead);
+  set_direct_conv(false);
+  const auto prep = [&](const Tensor& t) { return restrided(test::bf16(t).to(gpu), MemoryFormat::ChannelsLast); };
+  // ResNet's shapes at a smaller batch, bfloat16 channels-last; each plan used twice in a row
+  // (the second call's preparation must wait for the first call).
+  struct Layer {
+    int64_t c, k, size, stride;
+  };
+  for (const Layer& l : {Layer{64, 64, 28, 1}, Layer{64, 128, 28, 2}, Layer{128, 128, 14, 1}, Layer{256, 256, 7, 1}}) {
+    INFO(l.c << "->" << l.k << " @" << l.size << " /" << l.stride);
+    const Conv2dParams p{l.stride, l.stride, 1, 1};
+    const int64_t out_size = (l.size + 2 - 3) / l.stride + 1;
+    const Tensor w = prep(uniform({l.k, l.c, 3, 3}, -0.2, 0.2));
+    Tensor x = prep(uniform({32, l.c, l.size, l.size}, -1.0, 1.0));
+    Tensor dy = prep(uniform({32, l.k, out_size, out_size}, -1.0, 1.0));
+    const std::vector<Tensor> x_next = {prep(uniform(x.shape(), -1.0, 1.0)), prep(uniform(x.shape(), -1.0, 1.0))};
+    const std::vector<Tensor> dy_next = {prep(uniform(dy.shape(), -1.0, 1.0)), prep(uniform(dy.shape(), -1.0, 1.0))};
+    auto passes = [&](const Tensor& xi, const Tensor& dyi) {
+      std::vector<Tensor> r;
+      for (int twice = 0; twice < 2; ++twice) {
+        r.push_back(kernels::conv2d(xi, w, Tensor(), p));
+        r.push_back(kernels::conv2d_backward_input(dyi, w, p, xi.shape()));
+        r.push_back(std::get<0>(kernels::conv2d_backward_weight(xi, dyi, p, w.shape(), false)));
+      }
+      return r;
+    };
+    for (const bool on : {true, false}) {
+      INFO("prepared ahead " << on);
+      set_cudnn_prepare_ahead(on);
+      // The warm-up (plans made, the stream's workspace reserved); the graph's outputs made
+      // before the capture, which keeps none of its own.
+      std::vector<Tensor> got;
+      for (const Tensor& t : passes(x, dy)) got.push_back(zeros_like(t));
+      const size_t before = gpu::prepared_ahead_nodes();
+      CUDAGraph g;
+      g.capture_begin(gpu);
+      {
+        const std::vector<Tensor> r = passes(x, dy);
+        for (size_t i = 0; i < r.size(); ++i) got[i].copy_(r[i]);
+      }
+      g.capture_end();
+      REQUIRE(g.captured());
+      if (!on) CHECK(gpu::prepared_ahead_nodes() == before);
+      UNSCOPED_INFO("preparation nodes moved ahead: " << gpu::prepared_ahead_nodes() - before);
+      for (size_t r = 0; r < x_next.size(); ++r) {
+        x.copy_(x_next[r]);
+        dy.copy_(dy_next[r]);
+        g.replay();
+        const std::vector<Tensor> want = passes(x, dy);
+        for (size_t i = 0; i < want.size(); ++i) {
+          INFO("replay " << r << ", pass " << i);
+          CHECK(test::values(got[i]) == test::values(want[i]));
+        }
       }
     }
   }
