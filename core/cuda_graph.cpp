@@ -7,7 +7,6 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #ifdef TANDEM_WITH_CUDA
-#include "core/cuda/graph_copy.h"
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #endif
@@ -158,18 +157,7 @@ bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>& dsts) {
   for (const auto& [dst, bytes] : dsts) {
     void* found = nullptr;
     int matches = 0;
-    bool kernel = false;
     for (cudaGraphNode_t node : nodes) {
-      void* kernel_dst = nullptr;
-      size_t kernel_bytes = 0;
-      if (detail::copy_bytes_node(node, &kernel_dst, &kernel_bytes)) {
-        if (kernel_dst == dst && kernel_bytes == bytes) {
-          found = node;
-          kernel = true;
-          ++matches;
-        }
-        continue;
-      }
       cudaGraphNodeType type{};
       TANDEM_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
       if (type != cudaGraphNodeTypeMemcpy) continue;
@@ -179,7 +167,6 @@ bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>& dsts) {
                            p.dstPos.z == 0 && p.srcPos.x == 0 && p.srcPos.y == 0 && p.srcPos.z == 0;
       if (one_row && p.dstPtr.ptr == dst && p.extent.width == bytes) {
         found = node;
-        kernel = false;
         ++matches;
       }
     }
@@ -187,7 +174,7 @@ bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>& dsts) {
       copies_.clear();
       return false;
     }
-    copies_.push_back({found, dst, bytes, kernel});
+    copies_.push_back({found, dst, bytes});
   }
   return true;
 }
@@ -200,10 +187,6 @@ void CUDAGraph::replay_from(const std::vector<const void*>& sources) {
   auto exec = static_cast<cudaGraphExec_t>(exec_);
   for (size_t i = 0; i < copies_.size(); ++i) {
     const BoundCopy& c = copies_[i];
-    if (c.kernel) {
-      detail::point_copy_bytes(exec, static_cast<cudaGraphNode_t>(c.node), sources[i]);
-      continue;
-    }
     TANDEM_CUDA_CHECK(cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(c.node), c.dst,
                                                          sources[i], c.bytes, cudaMemcpyDeviceToDevice));
   }
@@ -221,18 +204,6 @@ void CUDAGraph::capture_abort() noexcept {
   unbacked_bytes_ = capture_memory_end(*memory_);  // no graph: what tensors still hold never existed
   capture_memory_abandon(*memory_);
   memory_.reset();
-}
-
-void CUDAGraph::copy_in(const Tensor& dst, const Tensor& src) {
-  const bool as_kernel = capturing_ && dst.device() == device_ && src.device() == device_ &&
-                         dst.dtype() == src.dtype() && dst.nbytes() == src.nbytes() && dst.is_contiguous() &&
-                         src.is_contiguous();
-  if (!as_kernel) {
-    dst.copy_(src);
-    return;
-  }
-  DeviceGuard guard(device_);
-  detail::launch_copy_bytes(dst.raw_data(), src.raw_data(), dst.nbytes(), static_cast<cudaStream_t>(stream_));
 }
 
 void CUDAGraph::replay() const {
@@ -287,7 +258,6 @@ void CUDAGraph::capture_abort() noexcept {}
 void CUDAGraph::replay() const { TANDEM_THROW(Value, "CUDAGraph: replay before a successful capture"); }
 void CUDAGraph::reset() noexcept {}
 bool CUDAGraph::bind_copies(const std::vector<std::pair<void*, size_t>>&) { return false; }
-void CUDAGraph::copy_in(const Tensor& dst, const Tensor& src) { dst.copy_(src); }
 void CUDAGraph::replay_from(const std::vector<const void*>&) {
   TANDEM_THROW(Value, "CUDAGraph: replay before a successful capture");
 }
@@ -416,7 +386,7 @@ void StepGraph::capture(const std::vector<Tensor>& inputs, const std::vector<Ten
   graph_->capture_begin(inputs[0].device());
   try {
     if (inside) {
-      for (size_t i = 0; i < inputs.size(); ++i) graph_->copy_in(static_inputs_[i], inputs[i]);
+      for (size_t i = 0; i < inputs.size(); ++i) static_inputs_[i].copy_(inputs[i]);
     }
     step_(joined(static_inputs_, fixed));
   } catch (const std::exception& e) {

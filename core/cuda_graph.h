@@ -97,17 +97,12 @@ class CUDAGraph {
   // replays (LeNet: a 2 KB copy of the batch's rows, ~1.3 us plus a gap, every step); captured
   // as the graph's first nodes, the copy is a node like the others, and only where it reads
   // from changes: before each replay the executable graph's copy node is pointed at the new
-  // source (host work, no launch). The copy is a kernel (Note [input copies as kernels] in
-  // core/cuda/graph_copy.cu): a memcpy node before the first kernel held it back ~11 us.
+  // source (cudaGraphExecMemcpyNodeSetParams1D: host work, no launch).
   //
   // Whether copies into the inputs can be captured on `device` (CUDA devices).
   virtual bool copies_inside(Device device) const { return device.is_cuda(); }
-  // dst.copy_(src); inside a capture on this graph's device, for two contiguous tensors of the
-  // same dtype and size there, as a copy kernel that bind_copies() finds.
-  virtual void copy_in(const Tensor& dst, const Tensor& src);
   // After capture_end: finds the captured copy of `bytes` bytes into each address of `dsts`,
-  // one copy node each (copy_in's kernel, or a memcpy node). True when all were found; then
-  // replay_from() launches with them.
+  // one copy node each. True when all were found; then replay_from() launches with them.
   virtual bool bind_copies(const std::vector<std::pair<void*, size_t>>& dsts);
   // Points the bound copies at `sources` (device addresses of the bytes each copies, in the
   // order of bind_copies) and launches the graph. ValueError when the counts differ.
@@ -133,7 +128,6 @@ class CUDAGraph {
     void* node;  // cudaGraphNode_t
     void* dst;
     size_t bytes;
-    bool kernel;  // copy_in's kernel; else a memcpy node
   };
   std::vector<BoundCopy> copies_;
   bool capturing_ = false;

@@ -383,7 +383,7 @@ TEST_CASE("StepGraph copies its inputs inside the graph, from wherever each step
   CHECK(values(out) == std::vector<double>{80, 84, 88, 92});
   graph({from_vector<float>({5, 6, 7, 8}, {4}).to(gpu)}, {out});
   CHECK(values(out) == std::vector<double>{10, 12, 14, 16});
-  graph({order.slice(0, 1, 5)}, {out});  // 4 bytes past a 16-byte boundary: copied byte by byte
+  graph({order.slice(0, 1, 5)}, {out});  // 4 bytes past a 16-byte boundary
   CHECK(values(out) == std::vector<double>{2, 4, 6, 8});
   CHECK(graph.replays() == 8);
   CHECK(graph.captures() == 1);
