@@ -340,20 +340,19 @@ TEST_CASE("a stream's own workspace: its preparation runs after its last use, no
       REQUIRE(n_deps == 1);
       calls.push_back(deps[0]);
     }
-    // Each call is its preparation's child node, then the rest after it.
-    CHECK(gpu::prepared_ahead_nodes() - before == 3);
-    for (int k = 0; k < 3; ++k) {
+    // The first call keeps its preparation (nothing used the workspace before it in this
+    // capture); each later one is its preparation's child node after the call before, then the
+    // rest after both.
+    CHECK(gpu::prepared_ahead_nodes() - before == 2);
+    CHECK(dependencies_of(calls[0]).empty());
+    CHECK(count_nodes(child_graph_of(calls[0])).kernel == 1);
+    for (int k = 1; k < 3; ++k) {
       INFO("call " << k);
       const std::vector<cudaGraphNode_t> in = dependencies_of(calls[k]);
-      REQUIRE(in.size() == (k == 0 ? 1u : 2u));  // the preparation (and the call before)
-      const cudaGraphNode_t prep = in.front() == (k > 0 ? calls[k - 1] : nullptr) ? in.back() : in.front();
-      const std::vector<cudaGraphNode_t> prep_in = dependencies_of(prep);
-      if (k == 0) {
-        CHECK(prep_in.empty());  // nothing used the workspace before in this capture
-      } else {
-        CHECK(contains(in, calls[k - 1]));
-        CHECK(prep_in == std::vector<cudaGraphNode_t>{calls[k - 1]});
-      }
+      REQUIRE(in.size() == 2);  // the call before, and the preparation
+      CHECK(contains(in, calls[k - 1]));
+      const cudaGraphNode_t prep = in.front() == calls[k - 1] ? in.back() : in.front();
+      CHECK(dependencies_of(prep) == std::vector<cudaGraphNode_t>{calls[k - 1]});
       NodeCounts p = count_nodes(child_graph_of(prep)), rest = count_nodes(child_graph_of(calls[k]));
       CHECK(p.kernel == 1);
       CHECK(rest.kernel == (k == 2 ? 1u : 0u));  // the other buffer's clearing stays
