@@ -5,33 +5,18 @@
 // copy_into (SgdParams, AdamParams) each new value is also stored cast to the copy's type C,
 // converted as the copy kernel converts (static_cast), so the copy is a cast's bits.
 #include <cmath>
-#include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/optim_copy.h"
 
 namespace tandem::cpu {
 
 namespace {
 
-// The copy's element type when there is no copy_into: the loops store nothing more.
-struct NoCopy {};
-template <typename C>
-inline constexpr bool kCopies = !std::is_same_v<C, NoCopy>;
-
-// Calls fn(TypeTag<C>{}) with C the element type of `copy` (copy_into) for a parameter of type
-// T, NoCopy for an undefined copy. C is never T (kernels::sgd_step and adam_step check it).
-template <typename T, typename Fn>
-void dispatch_copy(const Tensor& copy, const char* op, Fn&& fn) {
-  if (!copy.defined()) return fn(TypeTag<NoCopy>{});
-  dispatch_floating_bf16(copy.dtype(), op, [&](auto tag) {
-    using C = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<C, T>) {
-      TANDEM_THROW(DType, op, ": copy_into has the parameter's dtype ", dtype_name(copy.dtype()));
-    } else {
-      fn(tag);
-    }
-  });
-}
+using kernels::copy_ptr;
+using kernels::dispatch_copy;
+using kernels::kCopies;
+using kernels::NoCopy;
 
 // SGD: d = g + wd * p; with momentum, buf = d on the first step, else
 // buf = momentum * buf + (1 - dampening) * d; then d = nesterov ? d + momentum * buf : buf;
@@ -121,7 +106,7 @@ void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
       using C = typename decltype(ctag)::type;
       sgd<T, C>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
                 momentum_buf.defined() ? static_cast<T*>(momentum_buf.raw_data()) : nullptr,
-                p.copy_into.defined() ? static_cast<C*>(p.copy_into.raw_data()) : nullptr,
+                copy_ptr<C>(p.copy_into),
                 param.numel(), p);
     });
   });
@@ -135,7 +120,7 @@ void CpuBackend::adam_step(const Tensor& param, const Tensor& grad, const Tensor
       using C = typename decltype(ctag)::type;
       adam<T, C>(static_cast<T*>(param.raw_data()), static_cast<const T*>(grad.raw_data()),
                  static_cast<T*>(m.raw_data()), static_cast<T*>(v.raw_data()),
-                 p.copy_into.defined() ? static_cast<C*>(p.copy_into.raw_data()) : nullptr,
+                 copy_ptr<C>(p.copy_into),
                  param.numel(), p);
     });
   });

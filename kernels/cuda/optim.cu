@@ -9,43 +9,21 @@
 // the conversion the copy kernel uses (CastFn's static_cast in elementwise.cu), so the copy is
 // a cast's bits (Note [the weight copy written by the update] in nn/optim/optimizer.h).
 #include <cmath>
-#include <type_traits>
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/optim_copy.h"
 
 namespace tandem {
 
 namespace gpu {
 namespace {
 
-// The copy's element type when there is no copy_into: the kernels store nothing more, the
-// same code as before copies existed.
-struct NoCopy {};
-template <typename C>
-inline constexpr bool kCopies = !std::is_same_v<C, NoCopy>;
-
-// Calls fn(TypeTag<C>{}) with C the element type of `copy` (copy_into) for a parameter of type
-// T, NoCopy for an undefined copy. C is never T (kernels::sgd_step and adam_step check it).
-template <typename T, typename Fn>
-void dispatch_copy(const Tensor& copy, const char* op, Fn&& fn) {
-  if (!copy.defined()) return fn(TypeTag<NoCopy>{});
-  dispatch_floating_bf16(copy.dtype(), op, [&](auto tag) {
-    using C = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<C, T>) {
-      TANDEM_THROW(DType, op, ": copy_into has the parameter's dtype ", dtype_name(copy.dtype()));
-    } else {
-      fn(tag);
-    }
-  });
-}
-
-// The copy's pointer: C* for copy_into, null without one.
-template <typename C>
-C* copy_ptr(const Tensor& copy) {
-  return copy.defined() ? static_cast<C*>(copy.raw_data()) : nullptr;
-}
+using kernels::copy_ptr;
+using kernels::dispatch_copy;
+using kernels::kCopies;
+using kernels::NoCopy;
 
 template <typename T>
 struct SgdConsts {
