@@ -130,6 +130,23 @@ bool default_edges(const std::vector<cudaGraphEdgeData>& edges) {
   return true;
 }
 
+// A node's dependencies and dependents, and whether every edge of it is a plain one.
+struct Edges {
+  std::vector<cudaGraphNode_t> in, out;
+  bool plain;
+};
+Edges edges_of(cudaGraphNode_t node) {
+  size_t n_in = 0, n_out = 0;
+  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
+  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
+  Edges e{std::vector<cudaGraphNode_t>(n_in), std::vector<cudaGraphNode_t>(n_out), true};
+  std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
+  if (n_in > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, e.in.data(), in_edges.data(), &n_in));
+  if (n_out > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, e.out.data(), out_edges.data(), &n_out));
+  e.plain = default_edges(in_edges) && default_edges(out_edges);
+  return e;
+}
+
 // A kernel node that replaced a memset, and the bytes it writes, [begin, end).
 struct Fill {
   cudaGraphNode_t node;
@@ -140,14 +157,10 @@ struct Fill {
 bool replace_memset(cudaGraph_t graph, cudaGraphNode_t node, std::vector<Fill>* fills) {
   cudaMemsetParams m{};
   TANDEM_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
-  size_t n_in = 0, n_out = 0;
-  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
-  TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
-  std::vector<cudaGraphNode_t> in(n_in), out(n_out);
-  std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
-  if (n_in > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &n_in));
-  if (n_out > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &n_out));
-  if (!default_edges(in_edges) || !default_edges(out_edges)) return false;
+  const Edges e = edges_of(node);
+  if (!e.plain) return false;
+  const std::vector<cudaGraphNode_t>&in = e.in, &out = e.out;
+  const size_t n_in = in.size();
   if (m.width == 0 || m.height == 0 || m.elementSize == 0) return false;  // nothing to write: left as it is
   cudaGraphNode_t (*add)(cudaGraph_t, const cudaMemsetParams&, const cudaGraphNode_t*, size_t) =
       add_fill_node<uint8_t>;
@@ -316,15 +329,8 @@ std::vector<cudaGraphNode_t> preparation_nodes(cudaGraph_t small, const std::vec
     grew = false;
     for (cudaGraphNode_t node : nodes) {
       if (in_prep(node) || !prepares_workspace(node, fills, begin, end)) continue;
-      size_t n_in = 0, n_out = 0;
-      TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n_in));
-      TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &n_out));
-      std::vector<cudaGraphNode_t> in(n_in), out(n_out);
-      std::vector<cudaGraphEdgeData> in_edges(n_in), out_edges(n_out);
-      if (n_in > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependencies(node, in.data(), in_edges.data(), &n_in));
-      if (n_out > 0) TANDEM_CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, out.data(), out_edges.data(), &n_out));
-      if (!default_edges(in_edges) || !default_edges(out_edges)) continue;
-      if (!std::all_of(in.begin(), in.end(), in_prep)) continue;
+      const Edges e = edges_of(node);
+      if (!e.plain || !std::all_of(e.in.begin(), e.in.end(), in_prep)) continue;
       prep.push_back(node);
       grew = true;
     }
