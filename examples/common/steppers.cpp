@@ -200,8 +200,8 @@ class SingleDeviceStepper final : public Stepper {
       b = data.get(index);
       grads_.zero_();
     }
-    // Current when the update writes it (Note [the one-device step]), so not refreshed then.
-    const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_, /*refresh=*/!copy_current_);
+    // Current when the update writes it: step() refreshed it if stale (Note [the one-device step]).
+    const AutocastWeightsGuard weights = refresh_and_install(autocast_weights_, /*refresh=*/!copy_in_update_);
     Tensor logits = (*model_)(b.x);
     if (beside) ready_.wait(main);
     Tensor loss = cross_entropy(logits, b.y);
@@ -220,7 +220,6 @@ class SingleDeviceStepper final : public Stepper {
       seed_ = ones({}, loss.dtype(), loss.device());
     loss.backward(seed_);
     opt_->step();  // and, when it was given it, the autocast copy of the updated parameters
-    copy_current_ = copy_in_update_;
     sums_done_.wait(main);
   }
 

@@ -45,12 +45,11 @@ Tensor Optimizer::lr_tensor(Device device) {
 }
 
 void Optimizer::set_weight_copy(const Tensor& copy) {
-  if (copy.defined()) weight_copy_span(copy, "Optimizer::set_weight_copy");
+  if (copy.defined()) check_weight_copy(copy, contiguous_span(params_), "Optimizer::set_weight_copy");
   weight_copy_ = copy;
 }
 
-Tensor Optimizer::weight_copy_span(const Tensor& copy, const char* op) const {
-  const Tensor span = contiguous_span(params_);
+void Optimizer::check_weight_copy(const Tensor& copy, const Tensor& span, const char* op) const {
   TANDEM_CHECK(span.defined(), Value, op, ": the ", params_.size(),
                " parameters do not lie back to back in one buffer (coalesce them first: "
                "parallel::coalesce)");
@@ -63,17 +62,18 @@ Tensor Optimizer::weight_copy_span(const Tensor& copy, const char* op) const {
                dtype_name(span.dtype()), ", got ", dtype_name(copy.dtype()));
   TANDEM_CHECK(copy.device() == span.device(), Device, op, ": the weight copy is on ",
                copy.device().str(), ", the parameters on ", span.device().str());
-  return span;
 }
 
 void Optimizer::step() {
   NoGradGuard no_grad;
-  // Checked before anything changes: the parameters may have moved since set_weight_copy.
-  const Tensor copy_span =
-      weight_copy_.defined() ? weight_copy_span(weight_copy_, "Optimizer::step") : Tensor();
-  if (step_flat()) {
+  // The parameters' span, once for both uses. The copy is checked against it before anything
+  // changes: the parameters may have moved since set_weight_copy.
+  const Tensor flat_params = contiguous_span(params_);
+  const bool copy = weight_copy_.defined();
+  if (copy) check_weight_copy(weight_copy_, flat_params, "Optimizer::step");
+  if (flat_params.defined() && step_flat(flat_params)) {
     // Note [the weight copy written by the update]: the flat kernel wrote it, or a cast does.
-    if (copy_span.defined() && !update_flat_writes_weight_copy()) refresh_weight_copy(copy_span);
+    if (copy && !update_flat_writes_weight_copy()) refresh_weight_copy(flat_params);
     return;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -84,7 +84,7 @@ void Optimizer::step() {
                  shape_str(p.shape()), " has a gradient of shape ", shape_str(g.shape()));
     update(i, p, g);  // the kernels lay g out as p (kernels::sgd_step, adam_step)
   }
-  if (copy_span.defined()) refresh_weight_copy(copy_span);
+  if (copy) refresh_weight_copy(flat_params);
 }
 
 void Optimizer::refresh_weight_copy(const Tensor& span) const {
@@ -92,7 +92,7 @@ void Optimizer::refresh_weight_copy(const Tensor& span) const {
   weight_copy_.reshape({span.numel()}).copy_(span);
 }
 
-bool Optimizer::step_flat() {
+bool Optimizer::step_flat(const Tensor& flat_params) {
   std::vector<Tensor> grads;
   grads.reserve(params_.size());
   for (const Tensor& p : params_) {
@@ -100,8 +100,6 @@ bool Optimizer::step_flat() {
     if (!g.defined() || !same_layout(g, p)) return false;  // spans pair elements by memory
     grads.push_back(std::move(g));
   }
-  const Tensor flat_params = contiguous_span(params_);
-  if (!flat_params.defined()) return false;
   const Tensor flat_grads = contiguous_span(grads);
   if (!flat_grads.defined() || flat_grads.numel() != flat_params.numel() ||
       flat_grads.device() != flat_params.device() || flat_grads.dtype() != flat_params.dtype()) {

@@ -165,10 +165,11 @@ class Optimizer {
   Tensor lr_tensor(Device device);
 
  private:
-  bool step_flat();
-  // The span of the parameters that weight_copy_ mirrors, checked against it (`op` names the
-  // caller in the errors).
-  Tensor weight_copy_span(const Tensor& copy, const char* op) const;
+  // The flat path over flat_params, the parameters' contiguous_span (defined).
+  bool step_flat(const Tensor& flat_params);
+  // Checks `copy` against `span`, the parameters' contiguous_span (undefined: they are not back
+  // to back); `op` names the caller in the errors.
+  void check_weight_copy(const Tensor& copy, const Tensor& span, const char* op) const;
   // weight_copy_ = span cast, one kernel.
   void refresh_weight_copy(const Tensor& span) const;
 
