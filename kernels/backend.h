@@ -315,6 +315,15 @@ class Backend {
 // cudnn_benchmark_in_graph (default true): benchmark mode times each graph-API candidate as a
 //   replayed CUDA graph runs it, not as eager launches (Note [engines timed in a graph] in
 //   kernels/cuda/cudnn_graph.h). Environment: TANDEM_CUDNN_BENCHMARK_GRAPH=0 turns it off.
+// cudnn_benchmark_rounds (default 3): how many times benchmark mode times each candidate
+//   engine, the rounds interleaved, each candidate keeping its least time (Note [measured engine
+//   choice]); 1 times each once, in order. Environment: TANDEM_CUDNN_BENCHMARK_ROUNDS=N (1-100).
+// cudnn_benchmark_engines (default 8): at most how many of cuDNN's acceptable engines, in its
+//   heuristics' order, benchmark mode times for a configuration. Environment:
+//   TANDEM_CUDNN_BENCHMARK_ENGINES=N (1-64).
+// cudnn_benchmark_log (default false): benchmark mode prints, for each configuration it times,
+//   every candidate's engine index and time, the choice in brackets, to stderr. Environment:
+//   TANDEM_CUDNN_BENCHMARK_LOG=1 turns it on.
 // cudnn_memsets_as_kernels (default true): inside a CUDA graph capture, each graph-API cuDNN
 //   call is captured into a small graph of its own whose memset nodes become kernel nodes
 //   writing the same bytes, and that graph joins the capture as a child graph (Note [cuDNN's
@@ -431,6 +440,12 @@ void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
 void set_cudnn_benchmark_in_graph(bool on);
 bool cudnn_benchmark_in_graph();
+void set_cudnn_benchmark_rounds(int rounds);
+int cudnn_benchmark_rounds();
+void set_cudnn_benchmark_engines(int engines);
+int cudnn_benchmark_engines();
+void set_cudnn_benchmark_log(bool on);
+bool cudnn_benchmark_log();
 void set_cudnn_memsets_as_kernels(bool on);
 bool cudnn_memsets_as_kernels();
 void set_programmatic_launch(bool on);

@@ -28,6 +28,30 @@ std::atomic<bool>& benchmark_graph_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK_GRAPH", true)};
   return flag;
 }
+// The whole number from 1 to `most` in the environment variable `name`, or `fallback` when it
+// is unset or empty.
+int env_count(const char* name, int fallback, int most) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TANDEM_CHECK(*end == '\0' && n >= 1 && n <= most, Value, name, "=", v, ": expected a whole number from 1 to ",
+               most);
+  return static_cast<int>(n);
+}
+constexpr int kMaxBenchmarkRounds = 100, kMaxBenchmarkEngines = 64;
+std::atomic<int>& benchmark_rounds_setting() {
+  static std::atomic<int> rounds{env_count("TANDEM_CUDNN_BENCHMARK_ROUNDS", 3, kMaxBenchmarkRounds)};
+  return rounds;
+}
+std::atomic<int>& benchmark_engines_setting() {
+  static std::atomic<int> engines{env_count("TANDEM_CUDNN_BENCHMARK_ENGINES", 8, kMaxBenchmarkEngines)};
+  return engines;
+}
+std::atomic<bool>& benchmark_log_flag() {
+  static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_BENCHMARK_LOG", false)};
+  return flag;
+}
 std::atomic<bool>& memset_kernels_flag() {
   static std::atomic<bool> flag{env_flag("TANDEM_CUDNN_MEMSET_KERNELS", true)};
   return flag;
@@ -161,6 +185,20 @@ void set_cudnn_benchmark(bool on) { benchmark_flag() = on; }
 bool cudnn_benchmark() { return benchmark_flag(); }
 void set_cudnn_benchmark_in_graph(bool on) { benchmark_graph_flag() = on; }
 bool cudnn_benchmark_in_graph() { return benchmark_graph_flag(); }
+void set_cudnn_benchmark_rounds(int rounds) {
+  TANDEM_CHECK(rounds >= 1 && rounds <= kMaxBenchmarkRounds, Value, "set_cudnn_benchmark_rounds: expected 1 to ",
+               kMaxBenchmarkRounds, " rounds, got ", rounds);
+  benchmark_rounds_setting() = rounds;
+}
+int cudnn_benchmark_rounds() { return benchmark_rounds_setting(); }
+void set_cudnn_benchmark_engines(int engines) {
+  TANDEM_CHECK(engines >= 1 && engines <= kMaxBenchmarkEngines, Value,
+               "set_cudnn_benchmark_engines: expected 1 to ", kMaxBenchmarkEngines, " engines, got ", engines);
+  benchmark_engines_setting() = engines;
+}
+int cudnn_benchmark_engines() { return benchmark_engines_setting(); }
+void set_cudnn_benchmark_log(bool on) { benchmark_log_flag() = on; }
+bool cudnn_benchmark_log() { return benchmark_log_flag(); }
 void set_cudnn_memsets_as_kernels(bool on) { memset_kernels_flag() = on; }
 bool cudnn_memsets_as_kernels() { return memset_kernels_flag(); }
 void set_programmatic_launch(bool on) { programmatic_launch_flag() = on; }

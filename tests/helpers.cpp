@@ -1,6 +1,13 @@
 #include "helpers.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -42,6 +49,32 @@ std::vector<ErrorCase> error_cases() {
       TANDEM_ERROR_TYPES(TANDEM_TEST_ERROR_CASE_)
 #undef TANDEM_TEST_ERROR_CASE_
   };
+}
+
+StderrCapture::StderrCapture() {
+  static std::atomic<int> counter{0};
+  std::fflush(stderr);
+  path_ = "/tmp/tandem_test_stderr_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+  saved_ = ::dup(2);
+  const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+}
+
+StderrCapture::~StderrCapture() {
+  std::fflush(stderr);
+  ::dup2(saved_, 2);
+  ::close(saved_);
+  ::unlink(path_.c_str());
+}
+
+std::string StderrCapture::text() const {
+  std::fflush(stderr);
+  std::ifstream f(path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace tandem::test

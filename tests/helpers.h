@@ -32,6 +32,21 @@ std::string error_message(F&& f) {
   return "";
 }
 
+// What the process writes to stderr while the object lives (a file descriptor 2 redirected to
+// a temporary file); text() reads it so far.
+class StderrCapture {
+ public:
+  StderrCapture();
+  ~StderrCapture();
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  std::string text() const;
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -18,8 +22,6 @@ namespace {
 
 // Unique ids of the three tensors of a pass, whatever their roles.
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
-// Note [measured engine choice]: how many acceptable engines benchmark mode times.
-constexpr size_t kMaxTimedEngines = 8;
 
 // The attribute names of the three tensors and the descriptor of each pass's operation.
 struct PassAttrs {
@@ -174,68 +176,102 @@ struct GraphExec {
   GraphExec& operator=(const GraphExec&) = delete;
 };
 
-// The milliseconds of `runs` runs of `plan` on `stream`: launched one by one, or (in_graph)
-// captured into a CUDA graph of their own and replayed (Note [engines timed in a graph]); one
-// untimed round first (a graph's first launch uploads it). The workspace exists before.
-float time_runs(cudnnHandle_t h, const BackendDesc& plan, const ConvGraph::TimedBuffers& b, void* ws,
-                Stream s, int runs, bool in_graph) {
-  const auto stream = static_cast<cudaStream_t>(s.handle());
-  const auto run_all = [&] {
-    for (int r = 0; r < runs; ++r) execute(h, plan, b.x, b.w, b.y, ws);
-  };
-  GraphExec g;
-  if (in_graph && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    (void)cudaGetLastError();  // a stream that cannot be captured: timed as launched instead
-    in_graph = false;
-  }
-  if (in_graph) {
-    cudaGraph_t graph = nullptr;
-    try {
-      run_all();
-    } catch (...) {
-      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
-      throw;
+// One candidate's timing: `runs` runs of its plan on `stream`, captured once into a CUDA graph
+// of their own and replayed (in_graph: Note [engines timed in a graph]) or launched one by one.
+// Construction runs one untimed round (a graph's first launch uploads it); the workspace exists
+// before and outlives the timer.
+class CandidateTimer {
+ public:
+  CandidateTimer(cudnnHandle_t h, const BackendDesc& plan, const ConvGraph::TimedBuffers& b, void* ws, Stream s,
+                 int runs, bool in_graph)
+      : h_(h), plan_(plan), b_(b), ws_(ws), s_(s), runs_(runs) {
+    const auto stream = static_cast<cudaStream_t>(s.handle());
+    if (in_graph && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();  // a stream that cannot be captured: timed as launched instead
+      in_graph = false;
     }
-    TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    TANDEM_CUDA_CHECK(made);
+    if (in_graph) {
+      cudaGraph_t graph = nullptr;
+      try {
+        run_all();
+      } catch (...) {
+        if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+        throw;
+      }
+      TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
+      cudaGraphDestroy(graph);
+      TANDEM_CUDA_CHECK(made);
+    }
+    round();
   }
-  const auto round = [&] {
-    if (g.exec != nullptr) {
-      TANDEM_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  ~CandidateTimer() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  }
+  CandidateTimer(const CandidateTimer&) = delete;
+  CandidateTimer& operator=(const CandidateTimer&) = delete;
+
+  // The milliseconds of one round (synchronizes the host with the stream).
+  float time() {
+    Event start(/*enable_timing=*/true), stop(/*enable_timing=*/true);
+    start.record(s_);
+    round();
+    stop.record(s_);
+    return start.elapsed_ms(stop);
+  }
+
+ private:
+  void run_all() {
+    for (int r = 0; r < runs_; ++r) execute(h_, plan_, b_.x, b_.w, b_.y, ws_);
+  }
+  void round() {
+    if (exec_ != nullptr) {
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(s_.handle())));
     } else {
       run_all();
     }
-  };
-  round();
-  Event start(/*enable_timing=*/true), stop(/*enable_timing=*/true);
-  start.record(s);
-  round();
-  stop.record(s);
-  return start.elapsed_ms(stop);
-}
+  }
+
+  cudnnHandle_t h_;
+  const BackendDesc& plan_;
+  const ConvGraph::TimedBuffers& b_;
+  void* ws_;
+  Stream s_;
+  int runs_;
+  cudaGraphExec_t exec_ = nullptr;
+};
 
 // Note [measured engine choice]: the index of the candidate with the least time for
 // kTimedRuns runs (in a graph or launched: Note [engines timed in a graph]), on the current
-// stream.
+// stream. Each candidate is timed cudnn_benchmark_rounds() times, the rounds interleaved (every
+// candidate once, then every candidate again), and keeps its least time: one timing each in a
+// row let noise and the clocks' rise over the first candidates choose between near-equal engines.
 template <typename Candidates>
-size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph::TimedBuffers& b) {
+size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph::TimedBuffers& b,
+                      const std::function<std::string()>& what) {
   constexpr int kTimedRuns = 3;
   const bool in_graph = cudnn_benchmark_in_graph();
   size_t max_ws = 0;
   for (const auto& c : found) max_ws = std::max(max_ws, c.workspace);
   DataPtr ws = allocate(b.device, max_ws);
   const Stream stream = current_stream(b.device);
-  size_t best = 0;
-  float best_ms = 0;
-  for (size_t i = 0; i < found.size(); ++i) {
-    execute(h, *found[i].plan, b.x, b.w, b.y, ws.get());  // loads the engine's kernels, outside any capture
-    const float ms = time_runs(h, *found[i].plan, b, ws.get(), stream, kTimedRuns, in_graph);
-    if (i == 0 || ms < best_ms) {
-      best = i;
-      best_ms = ms;
+  std::vector<std::unique_ptr<CandidateTimer>> timers;
+  for (const auto& c : found) {
+    execute(h, *c.plan, b.x, b.w, b.y, ws.get());  // loads the engine's kernels, outside any capture
+    timers.push_back(std::make_unique<CandidateTimer>(h, *c.plan, b, ws.get(), stream, kTimedRuns, in_graph));
+  }
+  std::vector<float> least(found.size(), std::numeric_limits<float>::infinity());
+  for (int r = 0; r < cudnn_benchmark_rounds(); ++r) {
+    for (size_t i = 0; i < found.size(); ++i) least[i] = std::min(least[i], timers[i]->time());
+  }
+  const auto best = static_cast<size_t>(std::min_element(least.begin(), least.end()) - least.begin());
+  if (cudnn_benchmark_log()) {
+    std::string line = "tandem: cuDNN benchmark, " + what() + ": ms per " + std::to_string(kTimedRuns) + " runs,";
+    for (size_t i = 0; i < found.size(); ++i) {
+      line += (i == best ? " [engine " : " engine ") + std::to_string(found[i].engine) + " " + std::to_string(least[i]) +
+              (i == best ? "]" : "");
     }
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
   return best;
 }
@@ -446,7 +482,7 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   // Acceptable engines in order of preference: mode A's deterministic ones, else its
   // nondeterministic ones; the fallback mode's (in the same order) only when mode A has none.
   std::vector<GraphPlan> found;
-  const size_t wanted = timed != nullptr ? kMaxTimedEngines : 1;
+  const size_t wanted = timed != nullptr ? static_cast<size_t>(cudnn_benchmark_engines()) : 1;
   for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (int round = 0; round < 2 && found.empty(); ++round) {
       for (const auto& cfg : engine_configs(*graph, mode_h)) {
@@ -469,7 +505,11 @@ std::unique_ptr<ConvGraph> ConvGraph::build(cudnnHandle_t h, ConvPass pass, DTyp
   if (found.empty()) return nullptr;
   size_t best = 0;
   if (timed != nullptr && found.size() > 1 && !is_current_stream_capturing(timed->device)) {
-    best = fastest_engine(h, found, *timed);
+    best = fastest_engine(h, found, *timed, [&] {
+      const char* names[] = {"forward", "input gradient", "weight gradient"};
+      return std::string(names[static_cast<int>(pass)]) + " x " + shape_str(xs) + " w " + shape_str(ws) + " " +
+             dtype_name(dtype) + (channels_last ? " channels-last" : "");
+    });
   }
   std::unique_ptr<ConvGraph> g(new ConvGraph());
   g->plan_ = std::move(found[best].plan);

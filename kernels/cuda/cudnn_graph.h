@@ -20,12 +20,17 @@
 // Note [measured engine choice]: the heuristics' first choice can be far from the fastest
 // engine: for LeNet's weight gradients on an H200 it picks a deterministic kernel taking
 // 200 us where others take a few. In benchmark mode (cudnn_benchmark() in kernels/backend.h)
-// build() instead runs each of the first kMaxTimedEngines acceptable engines (deterministic
-// ones; nondeterministic only when no deterministic one exists) on the real buffers and keeps
-// the fastest. That synchronizes the host once per configuration -- which is why it is a mode,
-// as torch.backends.cudnn.benchmark is -- so it happens in a warm-up step, never inside a CUDA
-// graph capture (there the first choice is taken). The choice is a measurement: two runs may
-// pick different engines, and so differ in the last bits of their results.
+// build() instead runs each of the first cudnn_benchmark_engines() acceptable engines
+// (deterministic ones; nondeterministic only when no deterministic one exists; 8 by default)
+// on the real buffers and keeps the fastest. That synchronizes the host once per configuration
+// -- which is why it is a mode, as torch.backends.cudnn.benchmark is -- so it happens in a
+// warm-up step, never inside a CUDA graph capture (there the first choice is taken). Each
+// candidate is timed cudnn_benchmark_rounds() times (3 by default), every candidate once per
+// round, and keeps its least time: timed once each, in a row, a choice between engines within
+// a few percent of each other is left to noise and to the clocks rising over the first
+// candidates. cudnn_benchmark_log() prints every candidate's time. The choice is still a
+// measurement: two runs may pick different engines, and so differ in the last bits of their
+// results.
 //
 // Note [engines timed in a graph]: a replayed CUDA graph does not pay what eager launches pay.
 // Many of cuDNN's sm_90 engines clear a few bytes of their workspace with a memset before the

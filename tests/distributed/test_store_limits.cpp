@@ -11,12 +11,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <deque>
-#include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -29,6 +26,7 @@
 using namespace tandem;
 using namespace tandem::parallel::distributed;
 using tandem::test::contains;
+using tandem::test::StderrCapture;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -140,38 +138,6 @@ int raw_admitted(uint16_t port) {
   REQUIRE(tag == store_wire::kReplyAccept);
   return fd;
 }
-
-// What the process writes to stderr while it lives (the server's log lines).
-class StderrCapture {
- public:
-  StderrCapture() {
-    std::fflush(stderr);
-    path_ =
-        "/tmp/tandem_store_log_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++);
-    saved_ = ::dup(2);
-    int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
-    ::dup2(fd, 2);
-    ::close(fd);
-  }
-  ~StderrCapture() {
-    std::fflush(stderr);
-    ::dup2(saved_, 2);
-    ::close(saved_);
-    ::unlink(path_.c_str());
-  }
-  std::string text() const {
-    std::fflush(stderr);
-    std::ifstream f(path_);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
- private:
-  static inline int counter_ = 0;
-  std::string path_;
-  int saved_ = -1;
-};
 
 // Sets RLIMIT_NOFILE's soft limit for the life of the object.
 class FdLimit {

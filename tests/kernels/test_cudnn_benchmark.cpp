@@ -7,6 +7,7 @@
 // and bfloat16 channels-last within the bf16 tolerance of the heuristics' engine. Inside a capture no timing may run (it synchronizes): the first choice is
 // taken, and the captured step replays right.
 #include <string>
+#include <vector>
 
 #include "catch.h"
 #include "core/cuda_graph.h"
@@ -97,4 +98,70 @@ TEST_CASE("benchmark mode inside a capture takes the first engine and the graph 
     g.replay();
     CHECK(rel_error(y, kernels::conv2d(xi, w, Tensor(), p)) <= kTimedTol);
   }
+}
+
+TEST_CASE("benchmark mode's rounds and log: every candidate timed, the least time chosen, the values kept",
+          "[kernels][cuda][cudnn_benchmark]") {
+  TANDEM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  BenchmarkSettings settings;
+  const int rounds = cudnn_benchmark_rounds();
+  const bool log = cudnn_benchmark_log();
+  set_cudnn_benchmark_rounds(5);
+  set_cudnn_benchmark_log(true);
+  // A shape no other test uses, so that its plans are made (and timed) here.
+  const Conv2dParams p{1, 1, 1, 1};
+  const Tensor x = uniform({2, 16, 9, 7}, -1.0, 1.0), w = uniform({24, 16, 3, 3}, -0.3, 0.3);
+  std::string text;
+  Tensor y;
+  {
+    test::StderrCapture err;
+    y = kernels::conv2d(x.to(gpu), w.to(gpu), Tensor(), p);
+    text = err.text();
+  }
+  set_cudnn_benchmark_rounds(rounds);
+  set_cudnn_benchmark_log(log);
+  CHECK(rel_error(y, kernels::conv2d(x, w, Tensor(), p)) <= kTimedTol);
+  INFO(text);
+  // One line for the forward pass's configuration, naming its shapes, when cuDNN offered more
+  // than one engine; the choice bracketed once, and it has the least time of the line.
+  REQUIRE(test::contains(text, "tandem: cuDNN benchmark, forward x [2,16,9,7] w [24,16,3,3] float32"));
+  const std::string line = text.substr(text.find("tandem: cuDNN benchmark, forward"));
+  const std::string first = line.substr(0, line.find('\n'));
+  std::vector<double> times;
+  double chosen = -1;
+  for (size_t at = first.find("engine "); at != std::string::npos; at = first.find("engine ", at + 1)) {
+    const size_t num = first.find(' ', at + 7) + 1;
+    const double ms = std::stod(first.substr(num));
+    times.push_back(ms);
+    if (at > 0 && first[at - 1] == '[') {
+      CHECK(chosen < 0);
+      chosen = ms;
+    }
+  }
+  REQUIRE(times.size() >= 2);
+  REQUIRE(chosen >= 0);
+  for (const double t : times) CHECK(chosen <= t);
+}
+
+TEST_CASE("benchmark mode's rounds must be from 1 to 100 and its engines from 1 to 64", "[kernels][cudnn_benchmark]") {
+  const int rounds = cudnn_benchmark_rounds(), engines = cudnn_benchmark_engines();
+  for (const int bad : {0, -1, 101}) {
+    const std::string msg = test::error_message<ValueError>([&] { set_cudnn_benchmark_rounds(bad); });
+    CHECK(test::contains(msg, "set_cudnn_benchmark_rounds"));
+    CHECK(test::contains(msg, std::to_string(bad)));
+  }
+  for (const int bad : {0, 65}) {
+    const std::string msg = test::error_message<ValueError>([&] { set_cudnn_benchmark_engines(bad); });
+    CHECK(test::contains(msg, "set_cudnn_benchmark_engines"));
+    CHECK(test::contains(msg, std::to_string(bad)));
+  }
+  CHECK(cudnn_benchmark_rounds() == rounds);
+  CHECK(cudnn_benchmark_engines() == engines);
+  set_cudnn_benchmark_rounds(1);
+  set_cudnn_benchmark_engines(64);
+  CHECK(cudnn_benchmark_rounds() == 1);
+  CHECK(cudnn_benchmark_engines() == 64);
+  set_cudnn_benchmark_rounds(rounds);
+  set_cudnn_benchmark_engines(engines);
 }
