@@ -318,7 +318,7 @@ class Backend {
 // cudnn_benchmark_rounds (default 3): how many times benchmark mode times each candidate
 //   engine, the rounds interleaved, each candidate keeping its least time (Note [measured engine
 //   choice]); 1 times each once, in order. Environment: TANDEM_CUDNN_BENCHMARK_ROUNDS=N (1-100).
-// cudnn_benchmark_engines (default 8): at most how many of cuDNN's acceptable engines, in its
+// cudnn_benchmark_engines (default 16): at most how many of cuDNN's acceptable engines, in its
 //   heuristics' order, benchmark mode times for a configuration. Environment:
 //   TANDEM_CUDNN_BENCHMARK_ENGINES=N (1-64).
 // cudnn_benchmark_log (default false): benchmark mode prints, for each configuration it times,

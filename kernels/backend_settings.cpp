@@ -45,7 +45,7 @@ std::atomic<int>& benchmark_rounds_setting() {
   return rounds;
 }
 std::atomic<int>& benchmark_engines_setting() {
-  static std::atomic<int> engines{env_count("TANDEM_CUDNN_BENCHMARK_ENGINES", 8, kMaxBenchmarkEngines)};
+  static std::atomic<int> engines{env_count("TANDEM_CUDNN_BENCHMARK_ENGINES", 16, kMaxBenchmarkEngines)};
   return engines;
 }
 std::atomic<bool>& benchmark_log_flag() {

@@ -21,7 +21,7 @@
 // engine: for LeNet's weight gradients on an H200 it picks a deterministic kernel taking
 // 200 us where others take a few. In benchmark mode (cudnn_benchmark() in kernels/backend.h)
 // build() instead runs each of the first cudnn_benchmark_engines() acceptable engines
-// (deterministic ones; nondeterministic only when no deterministic one exists; 8 by default)
+// (deterministic ones; nondeterministic only when no deterministic one exists; 16 by default)
 // on the real buffers and keeps the fastest. That synchronizes the host once per configuration
 // -- which is why it is a mode, as torch.backends.cudnn.benchmark is -- so it happens in a
 // warm-up step, never inside a CUDA graph capture (there the first choice is taken). Each
