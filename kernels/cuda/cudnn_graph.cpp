@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -199,17 +199,12 @@ class CandidateTimer {
         throw;
       }
       TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
+      const cudaError_t made = cudaGraphInstantiate(&exec_.exec, graph, 0);
       cudaGraphDestroy(graph);
       TANDEM_CUDA_CHECK(made);
     }
     round();
   }
-  ~CandidateTimer() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-  }
-  CandidateTimer(const CandidateTimer&) = delete;
-  CandidateTimer& operator=(const CandidateTimer&) = delete;
 
   // The milliseconds of one round (synchronizes the host with the stream).
   float time() {
@@ -225,8 +220,8 @@ class CandidateTimer {
     for (int r = 0; r < runs_; ++r) execute(h_, plan_, b_.x, b_.w, b_.y, ws_);
   }
   void round() {
-    if (exec_ != nullptr) {
-      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(s_.handle())));
+    if (exec_.exec != nullptr) {
+      TANDEM_CUDA_CHECK(cudaGraphLaunch(exec_.exec, static_cast<cudaStream_t>(s_.handle())));
     } else {
       run_all();
     }
@@ -238,14 +233,13 @@ class CandidateTimer {
   void* ws_;
   Stream s_;
   int runs_;
-  cudaGraphExec_t exec_ = nullptr;
+  GraphExec exec_;  // none when timed as launched
 };
 
 // Note [measured engine choice]: the index of the candidate with the least time for
 // kTimedRuns runs (in a graph or launched: Note [engines timed in a graph]), on the current
-// stream. Each candidate is timed cudnn_benchmark_rounds() times, the rounds interleaved (every
-// candidate once, then every candidate again), and keeps its least time: one timing each in a
-// row let noise and the clocks' rise over the first candidates choose between near-equal engines.
+// stream: each candidate's least time over cudnn_benchmark_rounds() rounds, every candidate
+// timed once per round. `what` names the configuration in cudnn_benchmark_log()'s line.
 template <typename Candidates>
 size_t fastest_engine(cudnnHandle_t h, const Candidates& found, const ConvGraph::TimedBuffers& b,
                       const std::function<std::string()>& what) {
