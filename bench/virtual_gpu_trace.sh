@@ -11,6 +11,7 @@
 # and, when the machine has two GPUs, on cuda:0,cuda:1 with the ring too, from the programs' CSV
 # (median of epochs 2-3). Logs in $OUT.
 set -uo pipefail
+set -f  # no globbing: "cuda:0*2" is a word, not a pattern
 cd "$(dirname "$0")/.."
 . bench/gpu_env.sh
 IMG=${1:-docs/img}
