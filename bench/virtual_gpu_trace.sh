@@ -9,7 +9,7 @@
 # and stream, drawn by bench/plot_trace.py into IMG_DIR/virtual_gpu_trace.png (the JSON beside
 # it). Then the epoch time of the same global batch on one device, on the two sharing the GPU,
 # and, when the machine has two GPUs, on cuda:0,cuda:1 with the ring too, from the programs' CSV
-# (median of epochs 2-3). Logs in $OUT.
+# (median of the epochs after the first). Logs in $OUT.
 set -uo pipefail
 set -f  # no globbing: "cuda:0*2" is a word, not a pattern
 cd "$(dirname "$0")/.."
@@ -27,8 +27,9 @@ run trace --devices 'cuda:0*2' --comm ring --epochs 1 --trace "$IMG/virtual_gpu_
 python3 bench/plot_trace.py "$IMG/virtual_gpu_trace.json" "$IMG/virtual_gpu_trace.png" --skip-first \
   --title "ResNet-18, two replicas sharing one GPU (cuda:0*2, ring allreduce)" || exit 1
 echo "picture: $IMG/virtual_gpu_trace.png"
-median_epoch() {  # CSV: the median seconds of epochs 2-3
-  tail -n +3 "$1" | cut -d, -f5 | sort -n | awk '{v[NR] = $1} END {if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'
+median_epoch() {  # CSV: the median seconds of the epochs after the first
+  python3 -c 'import csv, statistics, sys; rows = list(csv.DictReader(open(sys.argv[1])))[1:]
+print(statistics.median(float(r["seconds"]) for r in rows) if rows else "none")' "$1"
 }
 echo "== ResNet-18, global batch 512, seconds per epoch (median of epochs 2-3)"
 variants=("one:--devices cuda:0" "shared:--devices cuda:0*2 --comm ring")
