@@ -40,6 +40,13 @@ inline parallel::OptimizerFactory sgd_factory(double lr, double momentum) {
   };
 }
 
+// SGD whose learning rate lives on the device, so a change reaches graph replays.
+inline parallel::OptimizerFactory capturable_sgd(double lr, double momentum) {
+  return [=](std::vector<Tensor> ps) {
+    return std::make_unique<nn::optim::SGD>(std::move(ps), nn::optim::SGDOptions(lr).momentum(momentum).capturable(true));
+  };
+}
+
 struct ReferenceRun {
   std::vector<double> losses;  // per step, before the update
   int64_t correct = 0;         // rows predicted right, summed over the steps

@@ -166,12 +166,6 @@ TEST_CASE("ScratchTrainer on two GPUs matches the CPU", "[parallel][cuda]") {
 
 namespace {
 
-parallel::OptimizerFactory capturable_sgd(double lr, double momentum) {
-  return [=](std::vector<Tensor> ps) {
-    return std::make_unique<nn::optim::SGD>(std::move(ps), nn::optim::SGDOptions(lr).momentum(momentum).capturable(true));
-  };
-}
-
 // Two trainers from the same LeNet, one with a CUDA graph per replica: 6 batches of 16, a
 // short one of 10, a learning-rate change, 3 more of 16. Returns the graphed trainer's losses
 // and checks it against the eager one bit for bit on the way.

@@ -85,6 +85,24 @@ TEST_CASE("ScratchTrainer on two logical devices of one GPU matches one device",
   }
 }
 
+TEST_CASE("ScratchTrainer asked for graphs on two logical devices of one GPU runs eagerly, with the reason", "[parallel][cuda][virtual_gpu]") {
+  TANDEM_REQUIRE_CUDA();
+  VirtualPair pair;
+  Generator gen(42);
+  std::shared_ptr<nn::Module> net = small_mlp(gen);
+  std::shared_ptr<nn::Module> ref = net->clone();
+  const auto batches = random_batches(5, 13, Shape{8}, gen);
+  ScratchTrainer trainer(net, pair.devices, "ring", capturable_sgd(0.1, 0.9));
+  trainer.set_cuda_graph(true);
+  CHECK(contains(trainer.graph_eager_reason(), "cannot be captured per device"));
+  CHECK(contains(trainer.graph_eager_reason(), "refuses devices that share a GPU"));
+  for (const auto& [x, y] : batches) trainer.train_batch(x, y);
+  CHECK(trainer.graph_captures() == 0);
+  const ReferenceRun expect = train_reference(*ref, batches, 0.1, 0.9);
+  CHECK(max_param_error(trainer.module(), *ref) <= 1e-4);
+  CHECK(replicas_in_sync(trainer.replicas()));
+}
+
 TEST_CASE("DataParallel on two logical devices of one GPU matches one device", "[parallel][cuda][virtual_gpu]") {
   TANDEM_REQUIRE_CUDA();
   VirtualPair pair;
