@@ -132,7 +132,7 @@ void ScratchTrainer::set_cuda_graph(bool on) {
     if (!d.is_cuda()) graph_reason_ = "CUDA graphs need GPUs, " + d.str() + " is not one";
   if (graph_reason_.empty() && devices_.size() > 1 && comm_->name() != "nccl")
     graph_reason_ = "the " + comm_->name() + " communicator's copies between devices cannot be captured per device; " +
-                    (shares_a_gpu(devices_) ? "nccl, whose can, refuses devices that share a GPU" : "use nccl");
+                    (shares_a_gpu(devices_) ? "nccl, whose collectives can be, refuses devices that share a GPU" : "use nccl");
   for (const auto& opt : optimizers_)
     if (graph_reason_.empty() && !opt->capturable())
       graph_reason_ = "the optimizers are not capturable (a new learning rate would not reach the replays)";
